@@ -1,0 +1,7 @@
+"""``python -m meridian`` runs the CLI."""
+
+import sys
+
+from meridian.cli import main
+
+sys.exit(main())

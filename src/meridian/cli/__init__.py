@@ -1,0 +1,46 @@
+"""The ``meridian`` command line: ``meridian config check``, ``meridian bench sim``, ...
+
+Every subcommand registers itself on the parser; errors derived from MeridianError are printed as
+one line (``error: ...``) with exit code 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from meridian import __version__
+from meridian.cli import config_cmd
+from meridian.errors import MeridianError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="meridian",
+        description="Phase-aware scheduling for reasoning models on vLLM.",
+    )
+    parser.add_argument("--version", action="version", version=f"meridian {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    config_cmd.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``meridian`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except MeridianError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

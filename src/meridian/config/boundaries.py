@@ -1,0 +1,203 @@
+"""Think-boundary definitions per model family, and their resolution from a tokenizer.
+
+Ids are resolved from the tokenizer by string; configured ids are only a cross-check.
+A boundary is a *sequence* of token ids: one id for ``<think>``-style special tokens, several
+for prose markers such as Granite's "Here is my thought process:".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from meridian.errors import BoundaryError
+
+
+class ModelDefinition(BaseModel):
+    """``[model.<name>]``: how a model family marks its reasoning."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    think_start: str = Field(description="String that opens the think phase, e.g. <think>.")
+    think_end: str = Field(description="String that closes the think phase, e.g. </think>.")
+    think_start_token_ids: list[int] | None = Field(
+        default=None, description="Expected token-id sequence of think_start (a cross-check)."
+    )
+    think_end_token_ids: list[int] | None = Field(
+        default=None, description="Expected token-id sequence of think_end (a cross-check)."
+    )
+    reasoning_parser: str = Field(description="vLLM reasoning parser, e.g. deepseek_r1, qwen3.")
+    supports_think_disable: bool = Field(
+        default=False, description="A /no_think directive in the prompt skips the think phase."
+    )
+    think_starts_in_prompt: bool = Field(
+        default=False, description="The chat template puts think_start into the prompt."
+    )
+
+
+# Ids from DESIGN.md ("Verified facts"); they are checked against a tokenizer when one is given.
+BUNDLED_MODELS: dict[str, ModelDefinition] = {
+    "deepseek_r1": ModelDefinition(
+        think_start="<think>",
+        think_end="</think>",
+        think_start_token_ids=[128798],
+        think_end_token_ids=[128799],
+        reasoning_parser="deepseek_r1",
+        think_starts_in_prompt=True,
+    ),
+    "r1_distill_qwen": ModelDefinition(
+        think_start="<think>",
+        think_end="</think>",
+        think_start_token_ids=[151648],
+        think_end_token_ids=[151649],
+        reasoning_parser="deepseek_r1",
+        think_starts_in_prompt=True,
+    ),
+    "qwen3": ModelDefinition(
+        think_start="<think>",
+        think_end="</think>",
+        think_start_token_ids=[151667],
+        think_end_token_ids=[151668],
+        reasoning_parser="qwen3",
+        supports_think_disable=True,
+    ),
+    "qwq": ModelDefinition(
+        think_start="<think>",
+        think_end="</think>",
+        think_start_token_ids=[151667],
+        think_end_token_ids=[151668],
+        reasoning_parser="deepseek_r1",
+        think_starts_in_prompt=True,
+    ),
+    "granite_3_2": ModelDefinition(
+        think_start="Here is my thought process:",
+        think_end="Here is my response:",
+        reasoning_parser="granite",
+    ),
+}
+
+
+@runtime_checkable
+class VocabTokenizer(Protocol):
+    """Anything with a HF-style ``get_vocab()``."""
+
+    def get_vocab(self) -> Mapping[str, int]: ...
+
+
+@runtime_checkable
+class EncodingTokenizer(Protocol):
+    """Anything that can encode text to ids (needed for multi-token prose markers)."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+
+TokenizerLike = VocabTokenizer | Mapping[str, int] | Any
+
+
+@dataclass(frozen=True, slots=True)
+class BoundaryIds:
+    """Resolved boundary token-id sequences of one model."""
+
+    think_start: tuple[int, ...]
+    think_end: tuple[int, ...]
+    newline_ids: frozenset[int] = frozenset()
+
+
+def _vocab_of(tokenizer: TokenizerLike) -> Mapping[str, int] | None:
+    if isinstance(tokenizer, Mapping):
+        return tokenizer
+    if isinstance(tokenizer, VocabTokenizer):
+        return tokenizer.get_vocab()
+    return None
+
+
+def _resolve_one(text: str, tokenizer: TokenizerLike, field: str, name: str) -> tuple[int, ...]:
+    vocab = _vocab_of(tokenizer)
+    if vocab is not None and text in vocab:
+        return (int(vocab[text]),)
+    if isinstance(tokenizer, EncodingTokenizer):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if ids:
+            return tuple(int(i) for i in ids)
+    raise BoundaryError(
+        f"model.{name}.{field}: the tokenizer has no token {text!r}; "
+        f"check model.{name}.{field} or use a tokenizer of this model family"
+    )
+
+
+def resolve_boundary_ids(
+    model: ModelDefinition, tokenizer: TokenizerLike, *, name: str = "model"
+) -> BoundaryIds:
+    """Resolve the think boundaries of ``model`` from ``tokenizer``.
+
+    ``tokenizer`` may be a ``{token: id}`` mapping, an object with ``get_vocab()``, or one with
+    ``encode()`` (needed when a boundary is a multi-token prose marker). Configured ids, when
+    present, must agree with what the tokenizer says.
+
+    >>> m = BUNDLED_MODELS["qwen3"]
+    >>> resolve_boundary_ids(m, {"<think>": 151667, "</think>": 151668}).think_end
+    (151668,)
+    """
+    start = _resolve_one(model.think_start, tokenizer, "think_start", name)
+    end = _resolve_one(model.think_end, tokenizer, "think_end", name)
+    for field, got, want in (
+        ("think_start_token_ids", start, model.think_start_token_ids),
+        ("think_end_token_ids", end, model.think_end_token_ids),
+    ):
+        if want is not None and tuple(want) != got:
+            raise BoundaryError(
+                f"model.{name}.{field} is {list(want)} but the tokenizer maps it to {list(got)}; "
+                f"remove the override or fix it"
+            )
+    if start == end:
+        raise BoundaryError(
+            f"model.{name}: think_start and think_end resolve to the same ids {list(start)}"
+        )
+    vocab = _vocab_of(tokenizer) or {}
+    newlines = frozenset(int(vocab[t]) for t in ("\n", "Ċ", "\n\n", "ĊĊ") if t in vocab)
+    return BoundaryIds(think_start=start, think_end=end, newline_ids=newlines)
+
+
+def configured_boundary_ids(model: ModelDefinition, *, name: str = "model") -> BoundaryIds:
+    """Boundary ids from the definition alone (when no tokenizer is at hand)."""
+    if model.think_start_token_ids is None or model.think_end_token_ids is None:
+        raise BoundaryError(
+            f"model.{name} has no configured token ids for {model.think_start!r}/"
+            f"{model.think_end!r}; pass a tokenizer so they can be resolved"
+        )
+    return BoundaryIds(tuple(model.think_start_token_ids), tuple(model.think_end_token_ids))
+
+
+class TokenizerJsonVocab:
+    """A ``get_vocab()`` view of a Hugging Face ``tokenizer.json`` read without transformers."""
+
+    def __init__(self, vocab: dict[str, int]) -> None:
+        self._vocab = vocab
+
+    @classmethod
+    def from_dir(cls, directory: Path) -> TokenizerJsonVocab:
+        """Read ``directory/tokenizer.json`` (its model vocab and added tokens)."""
+        path = directory / "tokenizer.json" if directory.is_dir() else directory
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BoundaryError(f"--tokenizer: no tokenizer.json at {path}") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise BoundaryError(f"--tokenizer: cannot read {path}: {exc}") from None
+        vocab: dict[str, int] = {}
+        model_vocab = data.get("model", {}).get("vocab", {})
+        if isinstance(model_vocab, dict):
+            vocab.update({str(k): int(v) for k, v in model_vocab.items()})
+        elif isinstance(model_vocab, list):  # unigram: [[piece, score], ...]
+            vocab.update({str(p[0]): i for i, p in enumerate(model_vocab)})
+        for tok in data.get("added_tokens", []):
+            vocab[str(tok["content"])] = int(tok["id"])
+        return cls(vocab)
+
+    def get_vocab(self) -> Mapping[str, int]:
+        return self._vocab

@@ -1,0 +1,125 @@
+"""Find, parse and validate ``meridian.toml``; turn every problem into one readable ConfigError."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from meridian.config.boundaries import BUNDLED_MODELS
+from meridian.config.schema import MeridianConfig
+from meridian.errors import ConfigError
+
+CONFIG_FILE_NAME = "meridian.toml"
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    """A validated config and where it came from (``None``: built-in defaults)."""
+
+    config: MeridianConfig
+    source: Path | None
+
+
+def search_paths(cwd: Path | None = None, home: Path | None = None) -> list[Path]:
+    """The implicit locations in order: ./meridian.toml, ~/.config/meridian/meridian.toml."""
+    cwd = cwd if cwd is not None else Path.cwd()
+    home = home if home is not None else Path.home()
+    return [cwd / CONFIG_FILE_NAME, home / ".config" / "meridian" / CONFIG_FILE_NAME]
+
+
+def load_config(
+    path: str | Path | None = None, *, cwd: Path | None = None, home: Path | None = None
+) -> LoadedConfig:
+    """Load the config from ``path``, else the first search path that exists, else defaults.
+
+    A file only overrides the fields it names. Raises :class:`ConfigError` for a missing
+    explicit file, malformed TOML (with file, line and column) or invalid values (dotted path).
+    """
+    if path is not None:
+        explicit = Path(path)
+        if not explicit.is_file():
+            raise ConfigError(f"config file not found: {explicit}")
+        return LoadedConfig(parse_config_file(explicit), explicit)
+    for candidate in search_paths(cwd, home):
+        if candidate.is_file():
+            return LoadedConfig(parse_config_file(candidate), candidate)
+    return LoadedConfig(MeridianConfig(), None)
+
+
+def parse_config_file(path: Path) -> MeridianConfig:
+    """Parse and validate one TOML file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc}") from None
+    return parse_config_text(text, source=str(path))
+
+
+_TOML_POSITION = re.compile(r"^(?P<msg>.*?)\s*\(at line (?P<line>\d+), column (?P<col>\d+)\)$")
+
+
+def parse_config_text(text: str, *, source: str = "<string>") -> MeridianConfig:
+    """Parse and validate TOML text; ``source`` names it in errors."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        match = _TOML_POSITION.match(str(exc))
+        if match:
+            raise ConfigError(
+                f"{source}:{match['line']}:{match['col']}: malformed TOML: {match['msg']}"
+            ) from None
+        raise ConfigError(f"{source}: malformed TOML: {exc}") from None
+    return validate_config(raw, source=source)
+
+
+def validate_config(raw: dict[str, Any], *, source: str = "<config>") -> MeridianConfig:
+    """Validate a parsed mapping; bundled model definitions fill fields a table leaves out."""
+    merged = dict(raw)
+    models = merged.get("model")
+    if isinstance(models, dict):
+        merged["model"] = {
+            name: (
+                {**BUNDLED_MODELS[name].model_dump(), **table}
+                if name in BUNDLED_MODELS and isinstance(table, dict)
+                else table
+            )
+            for name, table in models.items()
+        }
+    try:
+        return MeridianConfig.model_validate(merged)
+    except ValidationError as exc:
+        lines = [format_validation_error(err) for err in exc.errors()]
+        prefix = f"{source}: " if source else ""
+        raise ConfigError(prefix + ("\n" + " " * len(prefix)).join(lines)) from None
+
+
+_VALUE_ERROR_PREFIX = "Value error, "
+
+
+def format_validation_error(err: Any) -> str:
+    """One pydantic error as ``dotted.path must be ...; got VALUE``."""
+    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-after", "literal["))]
+    # A union (int | "auto") reports each branch; keep the path, not the branch names.
+    loc = [p for p in loc if p not in ("int", "str", "float", "bool", "constrained-int")]
+    path = ".".join(loc)
+    kind = err["type"]
+    value = err.get("input")
+    msg = str(err["msg"])
+    if msg.startswith(_VALUE_ERROR_PREFIX):
+        msg = msg[len(_VALUE_ERROR_PREFIX) :]
+    if kind == "extra_forbidden":
+        return f"{path}: unknown field (check the spelling against meridian.toml.example)"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    if kind == "value_error" and "; got " in msg:
+        # Cross-field errors already carry their own subject and value.
+        parent = ".".join(loc[:-1]) if loc and loc[-1] in msg.split()[0] else path
+        return f"{parent + '.' if parent else ''}{msg}"
+    if kind == "value_error":
+        return f"{path} {msg}; got {value!r}"
+    return f"{path}: {msg[0].lower() + msg[1:] if msg else msg}; got {value!r}"

@@ -1,0 +1,236 @@
+"""The ``meridian.toml`` schema: one pydantic model per section.
+
+Pydantic lives here, at the edge; the core copies the values it needs into plain attributes.
+Every field carries its range in ``json_schema_extra["range"]`` so the docs can be generated
+from this file, and every violation is reported as ``section.field must be ...; got VALUE``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
+
+from meridian.config.boundaries import BUNDLED_MODELS, ModelDefinition
+
+FabricName = Literal["nixl", "mooncake", "inprocess", "none"]
+AUTO_CAPACITY_FRACTION = 0.85
+U32_MAX = 2**32 - 1
+
+
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def _interval(lo: float | None, hi: float | None, *, lo_open: bool, hi_open: bool) -> Any:
+    """A validator and doc string for a numeric range such as ``(0, 1]``."""
+    left = "-inf" if lo is None else _num(lo)
+    right = "inf" if hi is None else _num(hi)
+    opening = "(" if lo_open or lo is None else "["
+    closing = ")" if hi_open or hi is None else "]"
+    text = f"{opening}{left}, {right}{closing}"
+
+    def check(value: float) -> float:
+        ok_lo = lo is None or (value > lo if lo_open else value >= lo)
+        ok_hi = hi is None or (value < hi if hi_open else value <= hi)
+        if not (ok_lo and ok_hi) or (isinstance(value, float) and math.isnan(value)):
+            raise ValueError(f"must be in {text}")
+        return value
+
+    return AfterValidator(check), text
+
+
+def _field(default: Any, description: str, rng: str | None = None, **kw: Any) -> Any:
+    extra: dict[str, Any] = {"range": rng} if rng else {}
+    return Field(default=default, description=description, json_schema_extra=extra or None, **kw)
+
+
+_POS_V, _POS = _interval(0, None, lo_open=True, hi_open=True)
+_GE1_V, _GE1 = _interval(1, None, lo_open=False, hi_open=True)
+_GT1_V, _GT1 = _interval(1, None, lo_open=True, hi_open=True)
+_UNIT_OC_V, _UNIT_OC = _interval(0, 1, lo_open=True, hi_open=False)
+_UNIT_OO_V, _UNIT_OO = _interval(0, 1, lo_open=True, hi_open=True)
+_U64_V, _U64 = _interval(0, None, lo_open=False, hi_open=True)
+_U64P_V, _U64P = _interval(1, None, lo_open=False, hi_open=True)
+_U32P_V, _U32P = _interval(1, U32_MAX, lo_open=False, hi_open=False)
+
+PosFloat = Annotated[float, _POS_V]
+AtLeastOneFloat = Annotated[float, _GE1_V]
+AboveOneFloat = Annotated[float, _GT1_V]
+UnitOpenClosed = Annotated[float, _UNIT_OC_V]
+UnitOpen = Annotated[float, _UNIT_OO_V]
+U64 = Annotated[int, _U64_V]
+PosU64 = Annotated[int, _U64P_V]
+PosU32 = Annotated[int, _U32P_V]
+
+
+def _capacity(value: object) -> int | Literal["auto"]:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    raise ValueError('must be a positive number of bytes or "auto"')
+
+
+CapacityBytes = Annotated[int | Literal["auto"], PlainValidator(_capacity)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, frozen=True)
+
+
+class SchedulerConfig(_Section):
+    """``[scheduler]``: the dual-queue policy and the think-token budget limits."""
+
+    think_tpot_budget_ms: PosFloat = _field(
+        80.0, "Per-token latency a think-phase request tolerates (ms).", _POS
+    )
+    output_tpot_budget_ms: PosFloat = _field(
+        20.0, "Target inter-token latency of answer streams (ms); the output SLO.", _POS
+    )
+    think_batch_multiplier: AtLeastOneFloat = _field(
+        2.5, "Think rows per step may be up to this multiple of the output budget.", _GE1
+    )
+    max_think_tokens: PosU64 = _field(
+        32768,
+        "Hard cap: `</think>` is forced at this many think tokens.",
+        "(min_think_tokens, inf)",
+    )
+    min_think_tokens: U64 = _field(
+        512, "Floor: no entropy-driven force before this many think tokens.", _U64
+    )
+    think_starvation_steps: PosU32 = _field(
+        8, "A think request deferred this many consecutive steps is served.", _U32P
+    )
+    preempt_max_fraction: UnitOpenClosed = _field(
+        0.25, "At most this fraction of the running set is preempted in one step.", _UNIT_OC
+    )
+
+    @model_validator(mode="after")
+    def _think_bounds(self) -> SchedulerConfig:
+        if self.max_think_tokens <= self.min_think_tokens:
+            raise ValueError(
+                f"max_think_tokens must be greater than scheduler.min_think_tokens "
+                f"({self.min_think_tokens}); got {self.max_think_tokens}"
+            )
+        return self
+
+
+class EntropyConfig(_Section):
+    """``[entropy]``: EAT (convergence) and RPDI (overthinking) signals."""
+
+    enabled: bool = _field(True, "Entropy-driven forcing; when false only the hard cap forces.")
+    ema_alpha: UnitOpenClosed = _field(0.05, "EMA smoothing factor of the EAT signal.", _UNIT_OC)
+    rpdi_threshold: AboveOneFloat = _field(
+        3.0, "Overthinking when recent/whole-chain transition rate exceeds this.", _GT1
+    )
+    eat_ema_variance_threshold: PosFloat = _field(
+        0.001, "Converged when the EAT EMA variance falls below this (nats^2).", _POS
+    )
+    transition_entropy_threshold: PosFloat = _field(
+        2.5, "A token whose entropy exceeds this (nats) is a transition token.", _POS
+    )
+    eat_probe_interval_tokens: PosU32 = _field(32, "Think tokens between two EAT samples.", _U32P)
+    eat_min_distance: PosU32 | None = _field(
+        None, "EAT samples before a convergence stop may fire; default ceil(2 / ema_alpha).", _U32P
+    )
+    rpdi_window_tokens: PosU32 = _field(
+        256, "Recent window (tokens) of the RPDI ratio; it needs 2 windows of chain to fire.", _U32P
+    )
+
+    @property
+    def effective_eat_min_distance(self) -> int:
+        """``eat_min_distance`` or, when unset, ``ceil(2 / ema_alpha)``."""
+        if self.eat_min_distance is not None:
+            return self.eat_min_distance
+        return math.ceil(2.0 / self.ema_alpha - 1e-9)
+
+
+class KvMemoryConfig(_Section):
+    """``[kv_memory]``: the phase-aware tiered block manager."""
+
+    aggressive_think_eviction: bool = _field(
+        False, "Free a request's think blocks as soon as `</think>` is seen."
+    )
+    think_phase_memory_fraction: UnitOpen = _field(
+        0.40, "Cap on the share of KV capacity that think tiers may hold.", _UNIT_OO
+    )
+    block_size_bytes: PosU64 = _field(16384, "Bytes of one KV block.", _U64P)
+    block_size_tokens: PosU32 = _field(16, "Tokens of one KV block.", _U32P)
+    capacity_bytes: CapacityBytes = _field(
+        "auto", 'KV capacity in bytes, or "auto" = 85% of the device\'s memory.', _U64P
+    )
+
+    def resolve_capacity_bytes(self, device_memory_bytes: int | None) -> int:
+        """The capacity in bytes; ``"auto"`` needs the device's memory size.
+
+        >>> KvMemoryConfig(capacity_bytes=1 << 20).resolve_capacity_bytes(None)
+        1048576
+        """
+        from meridian.errors import ConfigError
+
+        if self.capacity_bytes != "auto":
+            return self.capacity_bytes
+        if device_memory_bytes is None or device_memory_bytes <= 0:
+            raise ConfigError(
+                'kv_memory.capacity_bytes is "auto" but no device memory size is known here; '
+                "set kv_memory.capacity_bytes to a number of bytes"
+            )
+        return int(device_memory_bytes * AUTO_CAPACITY_FRACTION)
+
+
+class DisaggConfig(_Section):
+    """``[disagg]``: offload of ThinkComplete KV over a fabric."""
+
+    enabled: bool = _field(False, "Offload finished-thinking KV at the think->output transition.")
+    fabric: FabricName = _field("none", "Transport: nixl, mooncake, inprocess or none.")
+    offload_threshold_blocks: PosU32 = _field(4, "Blocks pushed per offload batch.", _U32P)
+
+    @model_validator(mode="after")
+    def _fabric_matches(self) -> DisaggConfig:
+        if self.enabled and self.fabric == "none":
+            raise ValueError(
+                "fabric must name a fabric (nixl, mooncake or inprocess) when disagg.enabled "
+                "is true; got 'none'"
+            )
+        return self
+
+
+class TelemetryConfig(_Section):
+    """``[telemetry]``: Prometheus metrics and optional OTLP export."""
+
+    prometheus: bool = _field(True, "Register Meridian's metrics on the Prometheus registry.")
+    otlp_enabled: bool = _field(False, "Export spans and metrics over OTLP/HTTP (the otel extra).")
+    otlp_endpoint: str = _field("http://127.0.0.1:4318", "OTLP/HTTP collector base URL.")
+
+
+class MeridianConfig(_Section):
+    """The whole ``meridian.toml``."""
+
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    entropy: EntropyConfig = Field(default_factory=EntropyConfig)
+    kv_memory: KvMemoryConfig = Field(default_factory=KvMemoryConfig)
+    disagg: DisaggConfig = Field(default_factory=DisaggConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    model: dict[str, ModelDefinition] = Field(
+        default_factory=dict,
+        description="Model families by name; bundled definitions are merged underneath.",
+    )
+
+    def model_definition(self, name: str) -> ModelDefinition:
+        """The named model definition (a ``[model.NAME]`` table or a bundled one)."""
+        from meridian.errors import ConfigError
+
+        models = self.all_models()
+        if name not in models:
+            known = ", ".join(sorted(models))
+            raise ConfigError(
+                f"unknown model family {name!r}; known: {known}. Define its boundaries in a "
+                f"[model.{name}] table (think_start, think_end, reasoning_parser)"
+            )
+        return models[name]
+
+    def all_models(self) -> dict[str, ModelDefinition]:
+        """Bundled model definitions overlaid with the file's ``[model.*]`` tables."""
+        return {**BUNDLED_MODELS, **self.model}

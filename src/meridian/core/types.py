@@ -1,0 +1,83 @@
+"""Shared vocabulary of the policy core: phases, KV tiers, force reasons and phase events.
+
+Everything here is plain Python so that ``meridian.core`` runs anywhere (no torch, no vllm).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeAlias
+
+
+class Phase(enum.IntEnum):
+    """Where a request is in its life. Phases only move forward (the int order is the order)."""
+
+    PREFILL = 0
+    THINK = 1
+    OUTPUT = 2
+    COMPLETE = 3
+
+
+class Tier(enum.IntEnum):
+    """KV tiers in eviction order: lower tiers are evicted and preempted first.
+
+    The integer values are the MRDN v1 wire codes and must never change.
+    """
+
+    THINK_COMPLETE = 0
+    THINK_ACTIVE = 1
+    OUTPUT_CRITICAL = 2
+
+
+class ForceReason(enum.Enum):
+    """Why the budget policy forced ``</think>``."""
+
+    CONVERGED = "converged"
+    OVERTHINKING = "overthinking"
+    HARD_CAP = "hard_cap"
+
+
+@dataclass(frozen=True, slots=True)
+class EnterThink:
+    """The request entered its think phase (from the prompt tail or a generated ``<think>``)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExitThink:
+    """``</think>`` was seen; ``forced`` is true when the budget policy injected it."""
+
+    request_id: str
+    think_tokens: int
+    forced: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ForceBudget:
+    """The budget policy decided to end the think phase."""
+
+    request_id: str
+    reason: ForceReason
+
+
+@dataclass(frozen=True, slots=True)
+class Complete:
+    """The request finished (or was aborted) and is no longer tracked."""
+
+    request_id: str
+
+
+PhaseEvent: TypeAlias = EnterThink | ExitThink | ForceBudget | Complete
+
+
+def tier_for_phase(phase: Phase) -> Tier:
+    """The tier a request's *newly written* KV blocks belong to while it is in ``phase``.
+
+    >>> tier_for_phase(Phase.THINK)
+    <Tier.THINK_ACTIVE: 1>
+    """
+    if phase is Phase.THINK:
+        return Tier.THINK_ACTIVE
+    return Tier.OUTPUT_CRITICAL
