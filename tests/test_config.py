@@ -1,0 +1,199 @@
+"""Configuration: defaults, ranges, cross-field rules, errors, loading order, the example."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from meridian.config import (
+    BUNDLED_MODELS,
+    EntropyConfig,
+    KvMemoryConfig,
+    MeridianConfig,
+    ModelDefinition,
+    load_config,
+    parse_config_text,
+)
+from meridian.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "meridian.toml.example"
+
+
+def error_of(text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config_text(text, source="m.toml")
+    return str(info.value)
+
+
+def test_defaults_match_the_design() -> None:
+    c = MeridianConfig()
+    assert c.scheduler.think_tpot_budget_ms == 80.0
+    assert c.scheduler.output_tpot_budget_ms == 20.0
+    assert c.scheduler.think_batch_multiplier == 2.5
+    assert (c.scheduler.max_think_tokens, c.scheduler.min_think_tokens) == (32768, 512)
+    assert c.entropy.enabled and c.entropy.ema_alpha == 0.05
+    assert c.entropy.rpdi_threshold == 3.0
+    assert c.entropy.eat_ema_variance_threshold == 0.001
+    assert c.entropy.transition_entropy_threshold == 2.5
+    assert c.entropy.eat_probe_interval_tokens == 32
+    assert c.entropy.effective_eat_min_distance == 40  # 2 / ema_alpha
+    assert c.kv_memory.think_phase_memory_fraction == 0.40
+    assert c.kv_memory.block_size_bytes == 16384 and c.kv_memory.block_size_tokens == 16
+    assert c.kv_memory.capacity_bytes == "auto"
+    assert not c.disagg.enabled and c.disagg.fabric == "none"
+    assert c.disagg.offload_threshold_blocks == 4
+    assert not c.telemetry.otlp_enabled
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[entropy]\nema_alpha = 1.5", "entropy.ema_alpha must be in (0, 1]; got 1.5"),
+        ("[entropy]\nema_alpha = 0.0", "entropy.ema_alpha must be in (0, 1]; got 0.0"),
+        ("[entropy]\nrpdi_threshold = 1.0", "entropy.rpdi_threshold must be in (1, inf); got 1.0"),
+        ("[scheduler]\nthink_batch_multiplier = 0.5", "scheduler.think_batch_multiplier"),
+        ("[scheduler]\noutput_tpot_budget_ms = -1", "scheduler.output_tpot_budget_ms"),
+        ("[scheduler]\nthink_starvation_steps = 0", "scheduler.think_starvation_steps"),
+        ("[scheduler]\npreempt_max_fraction = 1.5", "scheduler.preempt_max_fraction"),
+        ("[kv_memory]\nthink_phase_memory_fraction = 1.0", "kv_memory.think_phase_memory_fraction"),
+        ("[kv_memory]\nblock_size_bytes = 0", "kv_memory.block_size_bytes"),
+        ("[kv_memory]\ncapacity_bytes = 'lots'", "kv_memory.capacity_bytes must be a positive"),
+        ("[disagg]\noffload_threshold_blocks = 0", "disagg.offload_threshold_blocks"),
+        ("[disagg]\nfabric = 'carrier-pigeon'", "disagg.fabric"),
+        ("[entropy]\nenabled = 1", "entropy.enabled"),
+        ("[telemetry]\notlp_endpoint = 4318", "telemetry.otlp_endpoint"),
+    ],
+)
+def test_out_of_range_values_name_the_dotted_path(text: str, expected: str) -> None:
+    message = error_of(text)
+    assert message.startswith("m.toml: ")
+    assert expected in message
+
+
+def test_unknown_fields_are_rejected_with_their_path() -> None:
+    assert "entropy.ema_alhpa: unknown field" in error_of("[entropy]\nema_alhpa = 0.1")
+    assert "bogus: unknown field" in error_of("[bogus]\nx = 1")
+
+
+def test_cross_field_rules() -> None:
+    msg = error_of("[scheduler]\nmax_think_tokens = 100\nmin_think_tokens = 200")
+    assert "scheduler.max_think_tokens must be greater than scheduler.min_think_tokens" in msg
+    assert "got 100" in msg
+    msg = error_of("[disagg]\nenabled = true")
+    assert "disagg.fabric must name a fabric" in msg
+    # "none" is fine while disabled, and a real fabric is fine when enabled.
+    assert parse_config_text("[disagg]\nenabled = false\nfabric = 'none'").disagg.fabric == "none"
+    assert parse_config_text("[disagg]\nenabled = true\nfabric = 'nixl'").disagg.enabled
+
+
+def test_several_errors_are_all_reported() -> None:
+    msg = error_of("[entropy]\nema_alpha = 2.0\nrpdi_threshold = 0.5")
+    assert "entropy.ema_alpha" in msg and "entropy.rpdi_threshold" in msg
+
+
+def test_malformed_toml_gives_file_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "meridian.toml"
+    path.write_text("[scheduler]\nthink_tpot_budget_ms = = 3\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}:2:")) as info:
+        load_config(path)
+    assert "malformed TOML" in str(info.value)
+
+
+def test_small_file_overrides_only_what_it_names() -> None:
+    c = parse_config_text("[entropy]\nema_alpha = 0.1\n")
+    assert c.entropy.ema_alpha == 0.1
+    assert c.entropy.effective_eat_min_distance == 20
+    assert c.entropy.rpdi_threshold == 3.0
+    assert c.scheduler == MeridianConfig().scheduler
+
+
+def test_model_table_overrides_bundled_fields_and_adds_families() -> None:
+    c = parse_config_text("[model.qwen3]\nthink_starts_in_prompt = true\n")
+    q = c.model_definition("qwen3")
+    assert q.think_starts_in_prompt and q.think_end == "</think>"
+    assert q.think_end_token_ids == [151668]
+    c = parse_config_text(
+        '[model.mine]\nthink_start = "<reason>"\nthink_end = "</reason>"\n'
+        'reasoning_parser = "deepseek_r1"\n'
+    )
+    assert c.model_definition("mine").think_start == "<reason>"
+    assert set(BUNDLED_MODELS) <= set(c.all_models())
+    with pytest.raises(ConfigError, match=r"unknown model family 'nope'.*\[model.nope\]"):
+        c.model_definition("nope")
+    assert "model.half.reasoning_parser: required" in error_of(
+        '[model.half]\nthink_start = "a"\nthink_end = "b"\n'
+    )
+
+
+def test_loading_order(tmp_path: Path) -> None:
+    cwd, home = tmp_path / "cwd", tmp_path / "home"
+    (home / ".config" / "meridian").mkdir(parents=True)
+    cwd.mkdir()
+    assert load_config(cwd=cwd, home=home).source is None
+    user = home / ".config" / "meridian" / "meridian.toml"
+    user.write_text("[entropy]\nema_alpha = 0.2\n")
+    loaded = load_config(cwd=cwd, home=home)
+    assert loaded.source == user and loaded.config.entropy.ema_alpha == 0.2
+    local = cwd / "meridian.toml"
+    local.write_text("[entropy]\nema_alpha = 0.3\n")
+    loaded = load_config(cwd=cwd, home=home)
+    assert loaded.source == local and loaded.config.entropy.ema_alpha == 0.3
+    explicit = tmp_path / "x.toml"
+    explicit.write_text("[entropy]\nema_alpha = 0.4\n")
+    assert load_config(explicit, cwd=cwd, home=home).config.entropy.ema_alpha == 0.4
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.toml", cwd=cwd, home=home)
+
+
+def test_auto_capacity_needs_a_device() -> None:
+    kv = KvMemoryConfig()
+    assert kv.resolve_capacity_bytes(100 * 2**30) == int(100 * 2**30 * 0.85)
+    with pytest.raises(ConfigError, match=r"kv_memory.capacity_bytes is \"auto\""):
+        kv.resolve_capacity_bytes(None)
+    assert KvMemoryConfig(capacity_bytes=4096).resolve_capacity_bytes(None) == 4096
+
+
+def test_eat_min_distance_override() -> None:
+    assert EntropyConfig(eat_min_distance=7).effective_eat_min_distance == 7
+
+
+def _fields(model: type[BaseModel]) -> set[str]:
+    return set(model.model_fields)
+
+
+def test_example_parses_and_documents_every_field() -> None:
+    text = EXAMPLE.read_text()
+    config = parse_config_text(text, source=str(EXAMPLE))
+    assert config == parse_config_text(text)  # deterministic
+    # Every field of every section appears as `name =` (active or commented) in the example.
+    raw = tomllib.loads(text)
+    missing: list[str] = []
+    for section, model in MeridianConfig.model_fields.items():
+        if section == "model":
+            continue
+        annotation = model.annotation
+        assert isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        for name in _fields(annotation):
+            if not re.search(rf"^#?\s*{name}\s*=", text, re.MULTILINE):
+                missing.append(f"{section}.{name}")
+        assert section in raw, f"[{section}] missing from the example"
+    for name in _fields(ModelDefinition):
+        if not re.search(rf"^#?\s*{name}\s*=", text, re.MULTILINE):
+            missing.append(f"model.<name>.{name}")
+    assert not missing, f"fields missing from meridian.toml.example: {missing}"
+
+
+def test_example_values_are_the_defaults() -> None:
+    """The example documents the defaults; a drift between code and docs fails here."""
+    raw = tomllib.loads(EXAMPLE.read_text())
+    defaults = MeridianConfig().model_dump()
+    for section, values in raw.items():
+        if section == "model":
+            continue
+        for key, value in values.items():
+            assert defaults[section][key] == value, f"{section}.{key}"
