@@ -1,0 +1,145 @@
+"""The think-budget policy: when to force ``</think>``.
+
+:meth:`BudgetPolicy.decide` is called with a think-phase request's token count and its
+:class:`~meridian.core.entropy.EntropyProbe`; it returns a :class:`ForceDecision` (force now, and
+why) or ``None`` (keep thinking). The rules, in order — the first that applies wins:
+
+1. ``RequestBudget.forcing`` is false -> ``None``: never force, not even the hard cap.
+2. ``num_think_tokens >= max_think_tokens`` -> ``HARD_CAP``. ``max_think_tokens`` is the
+   request's override when it sets one (it *replaces* ``scheduler.max_think_tokens``, smaller or
+   larger), else the config's. An override below ``min_think_tokens`` fires below the floor: the
+   floor only holds back the entropy signals, never an explicit cap.
+3. ``num_think_tokens < min_think_tokens`` -> ``None``: the floor.
+4. ``entropy.enabled`` is false, or no probe -> ``None``: only the hard cap forces.
+5. The probe's EAT stop rule fired -> ``CONVERGED``.
+6. The probe's RPDI exceeds its threshold -> ``OVERTHINKING``.
+7. Otherwise ``None``.
+
+When EAT and RPDI both fire, ``CONVERGED`` wins: a converged chain is done whatever its
+transition density. Every decision carries a human-readable ``detail`` with the numbers behind it.
+
+:meth:`BudgetPolicy.static` is vLLM's ``thinking_token_budget`` baseline: a hard cap only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meridian.config.schema import EntropyConfig, SchedulerConfig
+from meridian.core.entropy import EntropyProbe
+from meridian.core.types import ForceReason
+from meridian.errors import ConfigError
+
+__all__ = ["BudgetPolicy", "ForceDecision", "RequestBudget"]
+
+
+@dataclass(frozen=True, slots=True)
+class ForceDecision:
+    """Force ``</think>`` now: why, at which think-token count, and the numbers behind it."""
+
+    reason: ForceReason
+    num_think_tokens: int
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestBudget:
+    """Per-request overrides (from ``SamplingParams.extra_args`` in the vLLM integration).
+
+    ``max_think_tokens`` replaces the config's hard cap for this request; ``forcing=False`` turns
+    every force off for it, hard cap included.
+    """
+
+    max_think_tokens: int | None = None
+    forcing: bool = True
+
+    def __post_init__(self) -> None:
+        cap = self.max_think_tokens
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"max_think_tokens must be a positive integer or None; got {cap!r}")
+
+
+class BudgetPolicy:
+    """Decides when a think-phase request is forced to emit ``</think>`` (rules: module docs).
+
+    The config's numbers are copied into slots; the policy holds no per-request state, so one
+    instance serves every request.
+
+    >>> policy = BudgetPolicy.static(100)
+    >>> policy.decide(99, None) is None
+    True
+    >>> policy.decide(100, None).reason
+    <ForceReason.HARD_CAP: 'hard_cap'>
+    """
+
+    __slots__ = ("_entropy", "entropy_enabled", "max_think_tokens", "min_think_tokens")
+
+    def __init__(self, scheduler: SchedulerConfig, entropy: EntropyConfig) -> None:
+        self.max_think_tokens: int = scheduler.max_think_tokens
+        self.min_think_tokens: int = scheduler.min_think_tokens
+        self.entropy_enabled: bool = entropy.enabled
+        self._entropy = entropy
+
+    @classmethod
+    def static(cls, max_think_tokens: int) -> BudgetPolicy:
+        """The vLLM ``thinking_token_budget`` baseline: hard cap only, no floor, no entropy."""
+        if (
+            isinstance(max_think_tokens, bool)
+            or not isinstance(max_think_tokens, int)
+            or max_think_tokens < 1
+        ):
+            raise ConfigError(
+                f"static think budget max_think_tokens must be a positive integer; "
+                f"got {max_think_tokens!r}"
+            )
+        return cls(
+            SchedulerConfig(max_think_tokens=max_think_tokens, min_think_tokens=0),
+            EntropyConfig(enabled=False),
+        )
+
+    def new_probe(self) -> EntropyProbe | None:
+        """A fresh probe for one request with this policy's ``[entropy]`` numbers, or ``None``
+        when entropy forcing is disabled (so callers skip the per-token work)."""
+        return EntropyProbe(self._entropy) if self.entropy_enabled else None
+
+    def decide(
+        self,
+        num_think_tokens: int,
+        probe: EntropyProbe | None,
+        budget: RequestBudget | None = None,
+    ) -> ForceDecision | None:
+        """Force ``</think>`` now (a decision with its reason), or ``None`` to keep thinking.
+
+        ``num_think_tokens`` counts the request's think tokens generated so far.
+        """
+        if num_think_tokens < 0:
+            raise ValueError(f"num_think_tokens must be >= 0; got {num_think_tokens}")
+        if budget is not None and not budget.forcing:
+            return None
+        if budget is not None and budget.max_think_tokens is not None:
+            cap, source = budget.max_think_tokens, "request override"
+        else:
+            cap, source = self.max_think_tokens, "config"
+        if num_think_tokens >= cap:
+            return ForceDecision(
+                ForceReason.HARD_CAP,
+                num_think_tokens,
+                f"num_think_tokens={num_think_tokens} >= max_think_tokens={cap} ({source})",
+            )
+        if num_think_tokens < self.min_think_tokens or not self.entropy_enabled or probe is None:
+            return None
+        if probe.converged:
+            return ForceDecision(
+                ForceReason.CONVERGED,
+                num_think_tokens,
+                f"eat_variance={probe.eat_variance:.4g} < {probe.eat_variance_threshold:g} "
+                f"after {probe.num_eat_samples} samples ({probe.eat_source.value})",
+            )
+        if probe.overthinking:
+            return ForceDecision(
+                ForceReason.OVERTHINKING,
+                num_think_tokens,
+                f"rpdi={probe.rpdi:.3g} > {probe.rpdi_threshold:g} "
+                f"(last {probe.rpdi_window_tokens} of {probe.num_tokens} tokens)",
+            )
+        return None

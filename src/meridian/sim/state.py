@@ -1,0 +1,93 @@
+"""The engine's mutable per-request state (hot path: a slotted dataclass, no pydantic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from meridian.core.entropy import EntropyProbe
+from meridian.core.types import Phase
+from meridian.sim.records import RequestRecord
+from meridian.sim.request import RequestSpec
+
+# Token ids of the simulated stream (see meridian.sim.engine).
+_THINK_END_ID = 2
+_THINK_TOKEN_ID = 10
+_ANSWER_TOKEN_ID = 11
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    """One request inside the simulated engine.
+
+    The generated stream of a reasoning request is ``think_target`` think tokens, ``</think>``,
+    then the answer; a chat request generates only its answer. ``think_target`` starts at the
+    workload's think length and is cut short when the budget policy forces ``</think>``.
+    Invariant: ``num_computed <= num_tokens`` and ``num_blocks * block_size >= num_computed``.
+    """
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+    spec: RequestSpec
+    record: RequestRecord
+    rid: str
+    think_target: int
+    entropy: npt.NDArray[np.float32] | None
+    phase: Phase = Phase.PREFILL
+    status: int = 0
+    num_generated: int = 0
+    num_think: int = 0
+    num_answer: int = 0
+    num_computed: int = 0
+    num_blocks: int = 0
+    last_token_id: int = -1
+    last_scheduled_step: int = -1
+    readmitted_step: int | None = None
+    probe: EntropyProbe | None = None
+    priority: int = 0
+
+    @classmethod
+    def from_spec(cls, spec: RequestSpec) -> SimRequest:
+        """Fresh state for ``spec``."""
+        from meridian.sim.engine import new_record
+
+        return cls(
+            spec=spec,
+            record=new_record(spec),
+            rid=spec.request_id,
+            think_target=spec.num_think_tokens,
+            entropy=spec.think_entropy,
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus generated tokens: the context whose KV a full prefill computes."""
+        return self.spec.num_prompt_tokens + self.num_generated
+
+    def blocks_needed(self, num_tokens_after: int, block_size: int) -> int:
+        """Blocks to add so that ``num_tokens_after`` tokens of KV fit."""
+        return max(0, -(-num_tokens_after // block_size) - self.num_blocks)
+
+    def next_token_id(self) -> int:
+        """Generate the next token of the stream (and remember it)."""
+        if not self.spec.is_reasoning:
+            tok = _ANSWER_TOKEN_ID
+        elif self.num_think < self.think_target:
+            tok = _THINK_TOKEN_ID
+        elif self.record.think_end_ns is None and self.last_token_id != _THINK_END_ID:
+            tok = _THINK_END_ID
+        else:
+            tok = _ANSWER_TOKEN_ID
+        self.num_generated += 1
+        self.last_token_id = tok
+        return tok
+
+    def current_entropy(self) -> float | None:
+        """Entropy (nats) of the think token just generated, when the workload has a trace."""
+        if self.entropy is None or self.num_think == 0:
+            return None
+        return float(self.entropy[self.num_think - 1])

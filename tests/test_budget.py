@@ -1,0 +1,220 @@
+"""The budget policy: every rule, their precedence, the static baseline, per-request overrides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meridian.config.schema import EntropyConfig, SchedulerConfig
+from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget
+from meridian.core.entropy import EatSource, EntropyProbe
+from meridian.core.types import ForceReason
+from meridian.errors import ConfigError
+
+SCHED = SchedulerConfig(min_think_tokens=100, max_think_tokens=1000)
+# EAT: interval 1 token, fires at sample index 2 on a flat stream.
+# RPDI: window 4 tokens, threshold 1.5.
+ENTROPY = EntropyConfig(
+    ema_alpha=0.5,
+    eat_min_distance=2,
+    eat_probe_interval_tokens=1,
+    eat_ema_variance_threshold=1e-3,
+    rpdi_window_tokens=4,
+    rpdi_threshold=1.5,
+    transition_entropy_threshold=2.5,
+)
+
+
+def make_probe(
+    *, converged: bool, overthinking: bool, config: EntropyConfig = ENTROPY
+) -> EntropyProbe:
+    """A real probe driven into the requested state (AFTER_THINK: EAT only via add_sample)."""
+    probe = EntropyProbe(config, eat_source=EatSource.AFTER_THINK)
+    if overthinking:
+        # 12 quiet tokens, then a window full of transitions: rpdi = (4/4) / (4/16) = 4.
+        for h in [0.5] * 12 + [3.0] * 4:
+            probe.observe(h)
+    else:
+        for h in [0.5] * 16:
+            probe.observe(h)
+    if converged:
+        for _ in range(3):
+            probe.add_sample(1.0)
+    else:
+        for x in (1.0, 4.0, 1.0):
+            probe.add_sample(x)
+    assert probe.converged == converged and probe.overthinking == overthinking
+    return probe
+
+
+def policy(**entropy_kw: Any) -> BudgetPolicy:
+    return BudgetPolicy(SCHED, ENTROPY.model_copy(update=entropy_kw))
+
+
+def test_forcing_off_never_forces() -> None:
+    off = RequestBudget(forcing=False)
+    both = make_probe(converged=True, overthinking=True)
+    assert policy().decide(10**9, both, off) is None
+    assert policy().decide(500, both, RequestBudget(max_think_tokens=5, forcing=False)) is None
+
+
+def test_hard_cap_at_config_max() -> None:
+    p = policy()
+    assert p.decide(999, None) is None
+    decision = p.decide(1000, None)
+    assert decision == ForceDecision(
+        ForceReason.HARD_CAP, 1000, "num_think_tokens=1000 >= max_think_tokens=1000 (config)"
+    )
+    assert p.decide(5000, None) is not None
+
+
+def test_hard_cap_beats_entropy_signals() -> None:
+    probe = make_probe(converged=True, overthinking=True)
+    decision = policy().decide(1000, probe)
+    assert decision is not None and decision.reason is ForceReason.HARD_CAP
+
+
+def test_request_override_smaller_than_floor_fires_below_floor() -> None:
+    budget = RequestBudget(max_think_tokens=50)
+    assert policy().decide(49, None, budget) is None
+    decision = policy().decide(50, None, budget)
+    assert decision is not None and decision.reason is ForceReason.HARD_CAP
+    assert "request override" in decision.detail and "max_think_tokens=50" in decision.detail
+
+
+def test_request_override_replaces_larger() -> None:
+    budget = RequestBudget(max_think_tokens=4000)
+    assert policy().decide(1000, None, budget) is None
+    decision = policy().decide(4000, None, budget)
+    assert decision is not None and decision.reason is ForceReason.HARD_CAP
+    # An override without a cap keeps the config's cap.
+    decision = policy().decide(1000, None, RequestBudget())
+    assert decision is not None and "(config)" in decision.detail
+
+
+def test_floor_holds_back_entropy_signals() -> None:
+    probe = make_probe(converged=True, overthinking=True)
+    assert policy().decide(99, probe) is None
+    decision = policy().decide(100, probe)
+    assert decision is not None and decision.reason is ForceReason.CONVERGED
+
+
+def test_no_probe_or_entropy_disabled_only_hard_cap() -> None:
+    probe = make_probe(converged=True, overthinking=True)
+    assert policy().decide(500, None) is None
+    disabled = policy(enabled=False)
+    assert disabled.decide(500, probe) is None
+    assert disabled.decide(999, probe) is None
+    decision = disabled.decide(1000, probe)
+    assert decision is not None and decision.reason is ForceReason.HARD_CAP
+    assert disabled.new_probe() is None
+    assert isinstance(policy().new_probe(), EntropyProbe)
+
+
+def test_converged() -> None:
+    probe = make_probe(converged=True, overthinking=False)
+    decision = policy().decide(300, probe)
+    assert decision is not None
+    assert decision.reason is ForceReason.CONVERGED and decision.num_think_tokens == 300
+    assert decision.detail == "eat_variance=0 < 0.001 after 3 samples (after_think)"
+
+
+def test_overthinking() -> None:
+    probe = make_probe(converged=False, overthinking=True)
+    decision = policy().decide(300, probe)
+    assert decision is not None and decision.reason is ForceReason.OVERTHINKING
+    assert decision.detail == "rpdi=4 > 1.5 (last 4 of 16 tokens)"
+
+
+def test_converged_wins_over_overthinking() -> None:
+    probe = make_probe(converged=True, overthinking=True)
+    decision = policy().decide(300, probe)
+    assert decision is not None and decision.reason is ForceReason.CONVERGED
+
+
+def test_neither_signal_keeps_thinking() -> None:
+    assert policy().decide(300, make_probe(converged=False, overthinking=False)) is None
+
+
+def test_stream_proxy_detail_names_its_source() -> None:
+    probe = EntropyProbe(ENTROPY)
+    for _ in range(3):
+        probe.observe(1.2)
+    decision = policy().decide(200, probe)
+    assert decision is not None and decision.detail.endswith("(stream_proxy)")
+
+
+def test_static_policy_is_a_hard_cap_only() -> None:
+    static = BudgetPolicy.static(100)
+    probe = make_probe(converged=True, overthinking=True, config=ENTROPY)
+    assert static.decide(0, probe) is None
+    assert static.decide(99, probe) is None
+    decision = static.decide(100, probe)
+    assert decision is not None and decision.reason is ForceReason.HARD_CAP
+    assert static.min_think_tokens == 0 and not static.entropy_enabled
+    assert static.new_probe() is None
+    tighter = static.decide(10, None, RequestBudget(max_think_tokens=10))
+    assert tighter is not None and tighter.reason is ForceReason.HARD_CAP
+
+
+def test_invalid_inputs_raise_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="positive integer; got 0"):
+        BudgetPolicy.static(0)
+    with pytest.raises(ValueError, match="positive integer or None; got 0"):
+        RequestBudget(max_think_tokens=0)
+    with pytest.raises(ValueError, match=">= 0; got -1"):
+        policy().decide(-1, None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    min_tokens=st.integers(0, 400),
+    span=st.integers(1, 400),
+    num=st.integers(0, 1200),
+    override=st.one_of(st.none(), st.integers(1, 1200)),
+    forcing=st.booleans(),
+    converged=st.booleans(),
+    overthinking=st.booleans(),
+    enabled=st.booleans(),
+    with_probe=st.booleans(),
+)
+def test_property_floor_and_cap(
+    min_tokens: int,
+    span: int,
+    num: int,
+    override: int | None,
+    forcing: bool,
+    converged: bool,
+    overthinking: bool,
+    enabled: bool,
+    with_probe: bool,
+) -> None:
+    max_tokens = min_tokens + span
+    p = BudgetPolicy(
+        SchedulerConfig(min_think_tokens=min_tokens, max_think_tokens=max_tokens),
+        ENTROPY.model_copy(update={"enabled": enabled}),
+    )
+    probe = make_probe(converged=converged, overthinking=overthinking) if with_probe else None
+    budget = RequestBudget(max_think_tokens=override, forcing=forcing)
+    decision = p.decide(num, probe, budget)
+    cap = max_tokens if override is None else override
+    if not forcing:
+        assert decision is None
+        return
+    if num >= cap:
+        # Always forces at the cap, and says so.
+        assert decision is not None and decision.reason is ForceReason.HARD_CAP
+        return
+    assert decision is None or decision.reason is not ForceReason.HARD_CAP
+    if num < min_tokens:
+        # Below the floor only an explicit smaller cap may force (handled above).
+        assert decision is None
+    signalled = enabled and with_probe and (converged or overthinking)
+    assert (decision is not None) == (num >= min_tokens and signalled)
+    if decision is not None:
+        expected = ForceReason.CONVERGED if converged else ForceReason.OVERTHINKING
+        assert decision.reason is expected and decision.num_think_tokens == num
+        assert decision.detail
