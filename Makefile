@@ -30,7 +30,7 @@ test: lint typecheck unit
 
 ## The main job: the default simulator A/B (Meridian against the baselines).
 bench-sim: venv
-	$(BIN)/meridian config check meridian.toml.example
+	$(BIN)/meridian bench sim
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

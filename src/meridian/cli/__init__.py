@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from meridian import __version__
-from meridian.cli import config_cmd
+from meridian.cli import bench_cmd, config_cmd
 from meridian.errors import MeridianError
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"meridian {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     config_cmd.register(commands)
+    bench_cmd.register(commands)
     return parser
 
 

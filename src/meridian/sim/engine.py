@@ -292,6 +292,7 @@ class Engine:
                 f"{len(self.waiting)} waiting, {self.kv.num_free_blocks} free blocks)"
             )
         self._scheduled = scheduled
+        self.counters.num_scheduled_rows += len(scheduled)
         num_prefill = num_decode = kv_read = 0
         for req, n in scheduled:
             req.last_scheduled_step = self.step

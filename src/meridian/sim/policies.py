@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 from meridian.sim.engine import SimPolicy
 
-DEFAULT_STATIC_THINK_BUDGET = 2048
+DEFAULT_STATIC_THINK_BUDGET = 4096
 
 
 class _Forcing:

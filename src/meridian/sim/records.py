@@ -73,6 +73,7 @@ class RunCounters:
     """Run-wide counters."""
 
     num_steps: int = 0
+    num_scheduled_rows: int = 0
     num_output_critical_evictions: int = 0
     preemptions_by_phase: dict[Phase, int] = field(default_factory=dict)
     num_recomputed_tokens: int = 0

@@ -1,0 +1,488 @@
+"""Reports of simulator runs: JSON for machines, Markdown for people.
+
+Three reports, each a pydantic model with ``schema_version: Literal[1]``:
+
+- :class:`SimReport`: one arrival rate, one :class:`PolicySummary` per policy
+  (``report.json`` / ``report.md``);
+- :class:`AbReport`: the candidate (``meridian``) against every baseline on the headline metrics,
+  with Δ% and a flag (``ab-report.json`` / ``ab-report.md``; thresholds in
+  :mod:`meridian.bench.ab`);
+- :class:`SweepReport`: several arrival rates, goodput and output ITL P99 per rate per policy
+  (``sweep-report.json`` / ``sweep-report.md``).
+
+The JSON is canonical: sorted keys, indent 2, a trailing newline, floats rounded to 6 significant
+digits, and nothing that varies between two runs of the same inputs (no timestamps, no wall time,
+no absolute paths), so the same inputs give a byte-identical file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from meridian.bench.ab import (
+    BIG_FROM_PCT,
+    FLAT_BELOW_PCT,
+    HEADLINE_METRICS,
+    THRESHOLDS_TEXT,
+    AbComparison,
+    AbFlag,
+    AbRow,
+    compare,
+)
+from meridian.bench.metrics import PolicySummary, Sig6, SloSpec
+from meridian.errors import MeridianError
+
+CANDIDATE = "meridian"
+PREMATURE_NOTE = (
+    "Premature force rate is a *model*: the share of forced `</think>` that came before the "
+    "request's settle point in the workload's entropy model, an accuracy-risk proxy, not a "
+    "measured accuracy."
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _RunParameters(BaseModel):
+    """What every report states about the run(s) behind it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    workload: str
+    seed: int
+    duration_s: Sig6
+    hardware: str
+    model: str
+    slo: SloSpec
+    policies: list[str]
+
+    @field_validator("workload")
+    @classmethod
+    def _no_absolute_path(cls, value: str) -> str:
+        # An absolute path would make two identical runs on two machines differ byte for byte.
+        if PurePosixPath(value).is_absolute() or PureWindowsPath(value).is_absolute():
+            raise ValueError(
+                f"workload must be a name (e.g. the trace file's name), not an absolute path; "
+                f"got {value!r}"
+            )
+        return value
+
+
+class SimReport(_RunParameters):
+    """One simulator run per policy, same workload and seed, at one arrival rate (requests/s)."""
+
+    arrival_rate: Sig6
+    summaries: dict[str, PolicySummary]
+
+    @model_validator(mode="after")
+    def _policies_match(self) -> SimReport:
+        if sorted(self.policies) != sorted(self.summaries):
+            raise ValueError(
+                f"policies {self.policies} and summaries {sorted(self.summaries)} must name the "
+                f"same policies"
+            )
+        for name, summary in self.summaries.items():
+            if summary.policy != name:
+                raise ValueError(f"summaries[{name!r}] holds policy {summary.policy!r}")
+        return self
+
+
+class AbReport(_RunParameters):
+    """The candidate against each baseline on :data:`~meridian.bench.ab.HEADLINE_METRICS`."""
+
+    arrival_rate: Sig6
+    candidate: str
+    baselines: list[str]
+    flat_below_pct: float = FLAT_BELOW_PCT
+    big_from_pct: float = BIG_FROM_PCT
+    rows: list[AbRow]
+
+
+class SweepPoint(BaseModel):
+    """All policies at one arrival rate (requests/s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arrival_rate: Sig6
+    goodput_req_s: dict[str, Sig6 | None]
+    output_itl_p99_s: dict[str, Sig6 | None]
+    summaries: dict[str, PolicySummary]
+
+
+class SweepReport(_RunParameters):
+    """The same workload and seed at several arrival rates, in increasing rate order."""
+
+    arrival_rates: list[Sig6]
+    points: list[SweepPoint]
+
+
+def build_ab_report(
+    report: SimReport, candidate: str = CANDIDATE, baselines: Sequence[str] | None = None
+) -> AbReport:
+    """Compare ``candidate`` with ``baselines`` (default: every other policy, in run order)."""
+    if candidate not in report.summaries:
+        raise MeridianError(
+            f"A/B needs the candidate policy {candidate!r} in the run; the run has "
+            f"{', '.join(report.policies)}"
+        )
+    chosen = (
+        [p for p in report.policies if p != candidate] if baselines is None else list(baselines)
+    )
+    missing = [b for b in chosen if b not in report.summaries]
+    if missing:
+        raise MeridianError(
+            f"A/B baselines {missing} are not in the run; it has {', '.join(report.policies)}"
+        )
+    if not chosen:
+        raise MeridianError(f"A/B needs at least one baseline besides {candidate!r}")
+    return AbReport(
+        **_run_parameters(report),
+        arrival_rate=report.arrival_rate,
+        candidate=candidate,
+        baselines=chosen,
+        rows=compare(report.summaries, candidate, chosen),
+    )
+
+
+def build_sweep_report(reports: Sequence[SimReport]) -> SweepReport:
+    """Merge one :class:`SimReport` per arrival rate into a sweep (sorted by rate).
+
+    The reports must agree on everything but the arrival rate, and the rates must differ.
+    """
+    if not reports:
+        raise MeridianError("a sweep needs at least one run")
+    first = _run_parameters(reports[0])
+    for r in reports[1:]:
+        other = _run_parameters(r)
+        if other != first:
+            diff = sorted(k for k in first if first[k] != other[k])
+            raise MeridianError(
+                f"sweep runs must differ only in arrival rate; they differ in {diff}"
+            )
+    ordered = sorted(reports, key=lambda r: r.arrival_rate)
+    rates = [r.arrival_rate for r in ordered]
+    if len(set(rates)) != len(rates):
+        raise MeridianError(f"sweep arrival rates must be distinct; got {rates}")
+    points = [
+        SweepPoint(
+            arrival_rate=r.arrival_rate,
+            goodput_req_s={p: s.goodput_req_s for p, s in r.summaries.items()},
+            output_itl_p99_s={p: s.output_itl_s.p99 for p, s in r.summaries.items()},
+            summaries=r.summaries,
+        )
+        for r in ordered
+    ]
+    return SweepReport(**first, arrival_rates=rates, points=points)
+
+
+def _run_parameters(report: _RunParameters) -> dict[str, object]:
+    return {
+        "workload": report.workload,
+        "seed": report.seed,
+        "duration_s": report.duration_s,
+        "hardware": report.hardware,
+        "model": report.model,
+        "slo": report.slo,
+        "policies": list(report.policies),
+    }
+
+
+def to_json(model: BaseModel) -> str:
+    """The canonical JSON text: sorted keys, indent 2, trailing newline."""
+    return json.dumps(model.model_dump(mode="json"), sort_keys=True, indent=2) + "\n"
+
+
+def load_report(path: Path, kind: type[M]) -> M:
+    """Read a report written by ``write_*`` back into its model (schema-checked)."""
+    try:
+        return kind.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise MeridianError(f"cannot read report {path}: {exc.strerror}") from exc
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise MeridianError(
+            f"{path} is not a valid {kind.__name__} (schema_version 1): {where}: {first['msg']}"
+        ) from exc
+
+
+def write_report(report: SimReport, out_dir: Path) -> list[Path]:
+    """Write ``report.json`` and ``report.md`` into ``out_dir`` (created if missing)."""
+    return _write(out_dir, "report", to_json(report), render_markdown(report))
+
+
+def write_ab_report(ab: AbReport, out_dir: Path) -> list[Path]:
+    """Write ``ab-report.json`` and ``ab-report.md`` into ``out_dir`` (created if missing)."""
+    return _write(out_dir, "ab-report", to_json(ab), render_ab_markdown(ab))
+
+
+def write_sweep_report(sweep: SweepReport, out_dir: Path) -> list[Path]:
+    """Write ``sweep-report.json`` and ``sweep-report.md`` into ``out_dir``."""
+    return _write(out_dir, "sweep-report", to_json(sweep), render_sweep_markdown(sweep))
+
+
+def _write(out_dir: Path, stem: str, json_text: str, markdown: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stem}.json"
+    md_path = out_dir / f"{stem}.md"
+    # newline="" keeps "\n" on every platform, part of the byte-identical promise.
+    json_path.write_text(json_text, encoding="utf-8", newline="")
+    md_path.write_text(markdown, encoding="utf-8", newline="")
+    return [json_path, md_path]
+
+
+# --- Markdown -------------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, scale: float = 1.0) -> str:
+    """A table cell: ``—`` for no value, integers as such, floats to 4 significant digits.
+
+    >>> fmt(None), fmt(3), fmt(4096), fmt(0.0123456), fmt(0.05, 1000), fmt(123456.7)
+    ('—', '3', '4,096', '0.01235', '50', '123,457')
+    """
+    if value is None:
+        return "—"
+    if isinstance(value, int) and scale == 1.0:
+        return f"{value:,}"
+    scaled = value * scale
+    if abs(scaled) >= 1000:
+        return f"{scaled:,.0f}"
+    return f"{scaled:.4g}"
+
+
+def fmt_comparison(comparison: AbComparison) -> str:
+    """``-12.3 % WIN``; ``base 0: LOSS`` against a zero baseline; ``—`` when there is no value."""
+    if comparison.flag is None:
+        return "—"
+    if comparison.delta_pct is None:
+        return f"base 0: {comparison.flag.value}"
+    return f"{comparison.delta_pct:+.1f} % {comparison.flag.value}"
+
+
+def _table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+_Reader = Callable[[PolicySummary], float | None]
+
+# (label, unit, scale, reader): the rows of report.md's summary table.
+_SUMMARY_ROWS: tuple[tuple[str, str, float, _Reader], ...] = (
+    ("requests", "count", 1.0, lambda s: s.num_requests),
+    ("finished", "count", 1.0, lambda s: s.num_finished),
+    ("reasoning requests", "count", 1.0, lambda s: s.num_reasoning),
+    ("chat requests", "count", 1.0, lambda s: s.num_chat),
+    ("TTFT P50", "s", 1.0, lambda s: s.ttft_s.p50),
+    ("TTFT P95", "s", 1.0, lambda s: s.ttft_s.p95),
+    ("TTFT P99", "s", 1.0, lambda s: s.ttft_s.p99),
+    ("TTFVT mean", "s", 1.0, lambda s: s.ttfvt_s.mean),
+    ("TTFVT P50", "s", 1.0, lambda s: s.ttfvt_s.p50),
+    ("TTFVT P95", "s", 1.0, lambda s: s.ttfvt_s.p95),
+    ("TTFVT P99", "s", 1.0, lambda s: s.ttfvt_s.p99),
+    ("TTOT P50", "s", 1.0, lambda s: s.ttot_s.p50),
+    ("TTOT P95", "s", 1.0, lambda s: s.ttot_s.p95),
+    ("TTOT P99", "s", 1.0, lambda s: s.ttot_s.p99),
+    ("output ITL P50", "ms", 1000.0, lambda s: s.output_itl_s.p50),
+    ("output ITL P95", "ms", 1000.0, lambda s: s.output_itl_s.p95),
+    ("output ITL P99", "ms", 1000.0, lambda s: s.output_itl_s.p99),
+    ("think tokens avg", "tokens", 1.0, lambda s: s.think_tokens.mean),
+    ("think tokens P95", "tokens", 1.0, lambda s: s.think_tokens.p95),
+    ("output tokens avg", "tokens", 1.0, lambda s: s.answer_tokens.mean),
+    ("forced: converged", "% reasoning", 1.0, lambda s: s.forced_pct.converged),
+    ("forced: overthinking", "% reasoning", 1.0, lambda s: s.forced_pct.overthinking),
+    ("forced: hard cap", "% reasoning", 1.0, lambda s: s.forced_pct.hard_cap),
+    ("premature force rate (model)", "% forced", 1.0, lambda s: s.premature_force_pct),
+    ("think tokens saved", "tokens", 1.0, lambda s: s.think_tokens_saved),
+    ("think tokens saved", "% requested", 1.0, lambda s: s.think_tokens_saved_pct),
+    ("OutputCritical evictions", "count", 1.0, lambda s: s.num_output_critical_evictions),
+    ("preemptions (prefill)", "count", 1.0, lambda s: s.preemptions.prefill),
+    ("preemptions (think)", "count", 1.0, lambda s: s.preemptions.think),
+    ("preemptions (output)", "count", 1.0, lambda s: s.preemptions.output),
+    ("recomputed tokens", "tokens", 1.0, lambda s: s.num_recomputed_tokens),
+    ("worst answer gap", "steps", 1.0, lambda s: s.worst_answer_gap_steps),
+    ("throughput", "tokens/s", 1.0, lambda s: s.throughput_tok_s),
+    ("goodput", "requests/s", 1.0, lambda s: s.goodput_req_s),
+    ("SLO met", "% requests", 1.0, lambda s: s.slo_met_pct),
+)
+
+
+def _header(title: str, params: _RunParameters, rate_text: str) -> list[str]:
+    slo = params.slo
+    return [
+        f"# {title}",
+        "",
+        f"Workload `{params.workload}`, seed {params.seed}, {rate_text}, "
+        f"{fmt(params.duration_s)} s of arrivals; hardware `{params.hardware}`, "
+        f"model `{params.model}`.",
+        "",
+        f"SLOs: TTFVT ≤ {fmt(slo.ttfvt_base_s)} s + {fmt(slo.think_tpot_s)} s × think tokens "
+        f"requested; output ITL P95 ≤ {fmt(slo.output_itl_s, 1000.0)} ms per request. "
+        "Goodput counts finished requests meeting both, per second of makespan "
+        "(first arrival → last finish).",
+        "",
+    ]
+
+
+def _summary_table(policies: Sequence[str], summaries: dict[str, PolicySummary]) -> list[str]:
+    rows: list[list[str]] = []
+    for label, unit, scale, read in _SUMMARY_ROWS:
+        rows.append([label, unit, *(fmt(read(summaries[p]), scale) for p in policies)])
+    return _table(
+        ["metric", "unit", *(f"`{p}`" for p in policies)],
+        ["---", "---", *("--:" for _ in policies)],
+        rows,
+    )
+
+
+def _display_unit(row: AbRow) -> tuple[float, str]:
+    """Inter-token latencies read better in ms; the JSON keeps seconds everywhere."""
+    if row.unit == "s" and row.metric.startswith("output_itl"):
+        return 1000.0, "ms"
+    return 1.0, row.unit
+
+
+def _losses(rows: Sequence[AbRow], candidate: str, baselines: Sequence[str]) -> list[str]:
+    lines: list[str] = []
+    for row in rows:
+        for b in baselines:
+            c = row.comparisons[b]
+            if c.flag is None or not c.flag.is_loss:
+                continue
+            scale, unit = _display_unit(row)
+            change = "from 0" if c.delta_pct is None else f"{c.delta_pct:+.1f} %"
+            lines.append(
+                f"- **{row.label}** vs `{b}`: {change} ({c.flag.value}): "
+                f"{fmt(row.values[candidate], scale)} against {fmt(row.values[b], scale)} {unit}"
+            )
+    return lines
+
+
+def _losses_section(rows: Sequence[AbRow], candidate: str, baselines: Sequence[str]) -> list[str]:
+    losses = _losses(rows, candidate, baselines)
+    return ["## Where Meridian loses", "", *(losses or ["Nowhere on this run."]), ""]
+
+
+def render_markdown(report: SimReport) -> str:
+    """``report.md``: run parameters, one column per policy, and where Meridian loses."""
+    lines = _header(
+        "Meridian simulator report",
+        report,
+        f"arrival rate {fmt(report.arrival_rate)} requests/s",
+    )
+    lines += ["## Summary", "", *_summary_table(report.policies, report.summaries), ""]
+    has_ab = CANDIDATE in report.summaries and len(report.summaries) > 1
+    if has_ab:
+        ab = build_ab_report(report)
+        lines += _losses_section(ab.rows, ab.candidate, ab.baselines)
+        lines += [THRESHOLDS_TEXT, ""]
+    lines += [PREMATURE_NOTE, ""]
+    return "\n".join(lines)
+
+
+def render_ab_markdown(ab: AbReport) -> str:
+    """``ab-report.md``: a column per policy, Δ% and flag per baseline, the losses, the rules."""
+    policies = [ab.candidate, *ab.baselines]
+    rows: list[list[str]] = []
+    for row in ab.rows:
+        scale, unit = _display_unit(row)
+        values = [fmt(row.values[p], scale) for p in policies]
+        deltas = [fmt_comparison(row.comparisons[b]) for b in ab.baselines]
+        rows.append([row.label, unit, f"{row.direction.value} is better", *values, *deltas])
+    table = _table(
+        [
+            "metric",
+            "unit",
+            "direction",
+            *(f"`{p}`" for p in policies),
+            *(f"Δ vs `{b}`" for b in ab.baselines),
+        ],
+        ["---", "---", "---", *("--:" for _ in policies), *("--:" for _ in ab.baselines)],
+        rows,
+    )
+    lines = _header(
+        f"A/B: `{ab.candidate}` against the baselines",
+        ab,
+        f"arrival rate {fmt(ab.arrival_rate)} requests/s",
+    )
+    lines += [
+        f"Δ is `{ab.candidate}`'s change against each baseline: (candidate − baseline) / baseline.",
+        "",
+        *table,
+        "",
+        *_losses_section(ab.rows, ab.candidate, ab.baselines),
+        "---",
+        "",
+        THRESHOLDS_TEXT,
+        "",
+        PREMATURE_NOTE,
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# (title, unit, scale, column per policy): the tables of sweep-report.md.
+_SWEEP_TABLES: tuple[
+    tuple[str, str, float, Callable[[SweepPoint], dict[str, float | None]]], ...
+] = (
+    ("Goodput", "requests/s", 1.0, lambda pt: pt.goodput_req_s),
+    ("Output ITL P99", "ms", 1000.0, lambda pt: pt.output_itl_p99_s),
+)
+
+
+def render_sweep_markdown(sweep: SweepReport) -> str:
+    """``sweep-report.md``: goodput and output ITL P99 against arrival rate, and the losses."""
+    rates = ", ".join(fmt(r) for r in sweep.arrival_rates)
+    lines = _header("Meridian arrival-rate sweep", sweep, f"arrival rates {rates} requests/s")
+    policies = sweep.policies
+    for title, unit, scale, table_of in _SWEEP_TABLES:
+        rows = [
+            [fmt(pt.arrival_rate), *(fmt(table_of(pt).get(p), scale) for p in policies)]
+            for pt in sweep.points
+        ]
+        lines += [f"## {title} ({unit})", ""]
+        lines += _table(
+            ["arrival rate (requests/s)", *(f"`{p}`" for p in policies)],
+            ["--:", *("--:" for _ in policies)],
+            rows,
+        )
+        lines.append("")
+    lines += ["## Where Meridian loses", ""]
+    if CANDIDATE in policies and len(policies) > 1:
+        baselines = [p for p in policies if p != CANDIDATE]
+        losses: list[str] = []
+        for pt in sweep.points:
+            rows_at_rate = compare(pt.summaries, CANDIDATE, baselines, HEADLINE_METRICS)
+            losses += [
+                f"- at {fmt(pt.arrival_rate)} requests/s: {line[2:]}"
+                for line in _losses(rows_at_rate, CANDIDATE, baselines)
+            ]
+        lines += [*(losses or ["Nowhere on this sweep."]), "", THRESHOLDS_TEXT, ""]
+    else:
+        lines += [f"No `{CANDIDATE}` run in this sweep to compare.", ""]
+    lines += [PREMATURE_NOTE, ""]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "AbFlag",
+    "AbReport",
+    "SimReport",
+    "SweepPoint",
+    "SweepReport",
+    "build_ab_report",
+    "build_sweep_report",
+    "load_report",
+    "render_ab_markdown",
+    "render_markdown",
+    "render_sweep_markdown",
+    "to_json",
+    "write_ab_report",
+    "write_report",
+    "write_sweep_report",
+]

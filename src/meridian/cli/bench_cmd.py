@@ -1,0 +1,236 @@
+"""``meridian bench sim``: Meridian against the baselines in the deterministic simulator."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from meridian.bench.metrics import PolicySummary, SloSpec
+from meridian.bench.plots import write_plots, write_sweep_plots
+from meridian.bench.report import (
+    SimReport,
+    build_ab_report,
+    build_sweep_report,
+    write_ab_report,
+    write_report,
+    write_sweep_report,
+)
+from meridian.bench.simrun import SimRunSpec, load_requests, parse_baselines, simulate
+from meridian.bench.traces import write_trace
+from meridian.bench.workloads import WORKLOADS
+from meridian.config import load_config
+from meridian.errors import MeridianError
+from meridian.sim.presets import HARDWARE, MODELS
+
+DEFAULT_OUT_DIR = Path("meridian-out") / "sim"
+_DEFAULT_SLO = SloSpec()
+
+
+def register(commands: Any) -> None:
+    """Add ``bench sim`` to the top-level subparsers."""
+    bench = commands.add_parser("bench", help="benchmarks: the simulator A/B")
+    sub = bench.add_subparsers(dest="bench_command", metavar="KIND", required=True)
+    sim = sub.add_parser(
+        "sim",
+        help="simulate Meridian and the baselines on one workload (deterministic)",
+        description=(
+            "Run the same workload and seed through Meridian and each baseline policy in the "
+            "discrete-event simulator; write report.json/.md, ab-report.json/.md and PNG plots. "
+            "Several --arrival-rate values make a sweep (sweep-report and load charts)."
+        ),
+    )
+    sim.add_argument(
+        "--workload",
+        default="synthetic",
+        help=f"bundled workload ({', '.join(WORKLOADS)}) or a JSONL trace (default: synthetic)",
+    )
+    sim.add_argument(
+        "--baseline",
+        default="all",
+        help="baselines to compare with: 'all' or a comma list of vllm-fcfs, vllm-priority, "
+        "static-budget, think-first (default: all)",
+    )
+    sim.add_argument(
+        "--arrival-rate",
+        default="8",
+        help="requests per second; a comma list (e.g. 2,4,8,16) runs a sweep (default: 8)",
+    )
+    sim.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
+    sim.add_argument("--seed", type=int, default=0, help="seed of the workload generator (0)")
+    sim.add_argument(
+        "--hardware", default="h100-sxm", choices=sorted(HARDWARE), help="hardware preset"
+    )
+    sim.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS), help="model preset")
+    sim.add_argument("--config", type=Path, help="meridian.toml (default: the usual search)")
+    sim.add_argument(
+        "--out-dir", type=Path, default=DEFAULT_OUT_DIR, help=f"output folder ({DEFAULT_OUT_DIR})"
+    )
+    sim.add_argument(
+        "--step-time-csv",
+        type=Path,
+        help="calibrate the step-time model to measured steps (CSV; see docs) instead of a preset",
+    )
+    sim.add_argument(
+        "--ttfvt-slo-base-s",
+        type=float,
+        default=_DEFAULT_SLO.ttfvt_base_s,
+        help="TTFVT SLO: base seconds, plus think tokens requested x think_tpot_budget_ms (2.0)",
+    )
+    sim.add_argument(
+        "--output-itl-slo-ms",
+        type=float,
+        default=_DEFAULT_SLO.output_itl_s * 1000,
+        help="output ITL SLO on each request's answer-gap P95, in ms (50)",
+    )
+    sim.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs (256)")
+    sim.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192, help="engine token budget (8192)"
+    )
+    sim.add_argument("--export-trace", type=Path, help="also write the workload as a JSONL trace")
+    sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    sim.set_defaults(handler=run_sim)
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MeridianError(
+            f"--arrival-rate must be a number or a comma list of numbers; got {text!r}"
+        ) from None
+    if not rates or any(not r > 0 for r in rates):
+        raise MeridianError(f"--arrival-rate values must be > 0; got {text!r}")
+    return sorted(set(rates))
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if not args.duration_s > 0:
+        raise MeridianError(f"--duration-s must be > 0; got {args.duration_s}")
+    if args.seed < 0:
+        raise MeridianError(f"--seed must be >= 0; got {args.seed}")
+    for flag in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(args, flag) < 1:
+            raise MeridianError(f"--{flag.replace('_', '-')} must be >= 1")
+
+
+def run_sim(args: argparse.Namespace) -> int:
+    """Run the A/B (or the sweep), write reports and plots, print a summary table."""
+    _check_args(args)
+    rates = _rates(args.arrival_rate)
+    config = load_config(args.config).config
+    slo = SloSpec.from_scheduler(
+        config.scheduler,
+        ttfvt_base_s=args.ttfvt_slo_base_s,
+        output_itl_s=args.output_itl_slo_ms / 1000,
+    )
+    spec = SimRunSpec(
+        workload=args.workload,
+        duration_s=args.duration_s,
+        seed=args.seed,
+        hardware=args.hardware,
+        model=args.model,
+        policies=parse_baselines(args.baseline),
+        config=config,
+        slo=slo,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        step_time_csv=args.step_time_csv,
+    )
+    console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
+    out: Path = args.out_dir
+    started = time.perf_counter()
+    reports: list[SimReport] = []
+    written: list[Path] = []
+    for rate in rates:
+        requests = load_requests(spec, rate)
+        if args.export_trace is not None and rate == rates[0]:
+            write_trace(args.export_trace, requests)
+            written.append(args.export_trace)
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("requests"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            tasks = {
+                name: progress.add_task(f"{name} @ {rate:g} req/s", total=len(requests))
+                for name in spec.policies
+            }
+
+            def hook(
+                name: str, done: int, progress: Progress = progress, tasks: dict[str, Any] = tasks
+            ) -> None:
+                progress.update(tasks[name], completed=done)
+
+            report, results = simulate(spec, rate, requests, hook)
+        reports.append(report)
+        rate_dir = out if len(rates) == 1 else out / f"rate-{rate:g}"
+        written += write_report(report, rate_dir)
+        if len(spec.policies) > 1:
+            written += write_ab_report(build_ab_report(report), rate_dir)
+        if not args.no_plots:
+            written += write_plots(results, rate_dir, slo)
+        _print_summary(console, report)
+    if len(rates) > 1:
+        sweep = build_sweep_report(reports)
+        written += write_sweep_report(sweep, out)
+        if not args.no_plots:
+            written += write_sweep_plots(sweep, out)
+    elapsed = time.perf_counter() - started
+    console.print(f"wall time {elapsed:.1f} s; wrote {len(written)} files under {out}/:")
+    for path in written:
+        console.print(f"  {path}")
+    return 0
+
+
+_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("output ITL P99 (ms)", "output_itl_s.p99", 1000),
+    ("TTFVT P95 (s)", "ttfvt_s.p95", 1),
+    ("TTOT P95 (s)", "ttot_s.p95", 1),
+    ("think tok avg", "think_tokens.mean", 1),
+    ("forced %", "forced", 1),
+    ("OC evict", "num_output_critical_evictions", 1),
+    ("preempt out/think", "", 1),
+    ("tok/s", "throughput_tok_s", 1),
+    ("goodput req/s", "goodput_req_s", 1),
+)
+
+
+def _get(summary: PolicySummary, path: str) -> float | None:
+    value: Any = summary
+    for part in path.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            return None
+    return float(value)
+
+
+def _print_summary(console: Console, report: SimReport) -> None:
+    table = Table(title=f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}")
+    table.add_column("policy")
+    for title, _, _ in _COLUMNS:
+        table.add_column(title, justify="right")
+    for name in report.policies:
+        s = report.summaries[name]
+        cells = [name]
+        for _title, path, scale in _COLUMNS:
+            if not path:
+                cells.append(f"{s.preemptions.output}/{s.preemptions.think}")
+                continue
+            if path == "forced":
+                f = s.forced_pct
+                cells.append(f"{f.converged + f.overthinking + f.hard_cap:.1f}")
+                continue
+            value = _get(s, path)
+            cells.append("-" if value is None else f"{value * scale:,.4g}")
+        table.add_row(*cells)
+    console.print(table)

@@ -1,0 +1,149 @@
+"""`meridian bench sim`: reports are byte-identical per seed; bad flags are one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meridian.bench.report import AbReport, SimReport, load_report
+from meridian.cli import main
+
+SMALL = ["bench", "sim", "--duration-s", "4", "--arrival-rate", "4"]
+
+
+def test_default_ab_writes_reports_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*SMALL, "--out-dir", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "wrote" in err and str(tmp_path) in err
+    report = load_report(tmp_path / "report.json", SimReport)
+    assert report.policies == [
+        "meridian",
+        "vllm-fcfs",
+        "vllm-priority",
+        "static-budget",
+        "think-first",
+    ]
+    ab = load_report(tmp_path / "ab-report.json", AbReport)
+    assert ab.candidate == "meridian" and len(ab.baselines) == 4
+    assert "Where Meridian loses" in (tmp_path / "ab-report.md").read_text()
+    for png in ("cdf-output-itl.png", "cdf-ttfvt.png", "kv-usage.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_same_seed_gives_byte_identical_report(tmp_path: Path) -> None:
+    args = [*SMALL, "--baseline", "vllm-fcfs", "--no-plots", "--seed", "7"]
+    assert main([*args, "--out-dir", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out-dir", str(tmp_path / "b")]) == 0
+    a = (tmp_path / "a" / "report.json").read_bytes()
+    assert a == (tmp_path / "b" / "report.json").read_bytes()
+    assert (
+        main(
+            [
+                *SMALL,
+                "--baseline",
+                "vllm-fcfs",
+                "--no-plots",
+                "--seed",
+                "8",
+                "--out-dir",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 0
+    )
+    assert a != (tmp_path / "c" / "report.json").read_bytes()
+
+
+def test_sweep_writes_sweep_report(tmp_path: Path) -> None:
+    args = [
+        "bench",
+        "sim",
+        "--duration-s",
+        "3",
+        "--arrival-rate",
+        "2,4",
+        "--baseline",
+        "vllm-fcfs",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    assert main(args) == 0
+    sweep = json.loads((tmp_path / "sweep-report.json").read_text())
+    assert [p["arrival_rate"] for p in sweep["points"]] == [2.0, 4.0]
+    assert (tmp_path / "sweep-goodput.png").exists()
+    assert (tmp_path / "rate-2" / "ab-report.json").exists()
+
+
+def test_trace_round_trip_through_the_cli(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    out1, out2 = tmp_path / "one", tmp_path / "two"
+    assert (
+        main(
+            [
+                *SMALL,
+                "--no-plots",
+                "--baseline",
+                "vllm-fcfs",
+                "--export-trace",
+                str(trace),
+                "--out-dir",
+                str(out1),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "bench",
+                "sim",
+                "--workload",
+                str(trace),
+                "--no-plots",
+                "--baseline",
+                "vllm-fcfs",
+                "--out-dir",
+                str(out2),
+            ]
+        )
+        == 0
+    )
+    one = json.loads((out1 / "report.json").read_text())
+    two = json.loads((out2 / "report.json").read_text())
+    assert one["summaries"] == two["summaries"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--arrival-rate", "fast"], "--arrival-rate must be a number"),
+        (["--arrival-rate", "0"], "--arrival-rate values must be > 0"),
+        (["--duration-s", "-1"], "--duration-s must be > 0"),
+        (["--baseline", "vllm-fcfs,nope"], "--baseline: unknown policy nope"),
+        (["--workload", "nosuch"], "--workload: 'nosuch' is neither a bundled workload"),
+        (["--seed", "-2"], "--seed must be >= 0"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "sim", "--out-dir", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_bad_trace_file_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text(
+        '{"arrival_s": 0, "prompt_tokens": 5, "think_tokens": 0, "answer_tokens": 3}\n'
+        '{"arrival_s": 1, "prompt_tokens": "x"}\n'
+    )
+    assert main(["bench", "sim", "--workload", str(trace), "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl" in err and ":2" in err

@@ -1,0 +1,366 @@
+"""Simulator metrics: every figure of a hand-made run against hand-computed numbers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meridian.bench.metrics import (
+    MAX_SERIES_POINTS,
+    PolicySummary,
+    SloSpec,
+    downsample,
+    meets_slo,
+    round_sig,
+    summarize,
+)
+from meridian.config.schema import SchedulerConfig
+from meridian.core.types import ForceReason, Phase
+from meridian.errors import ConfigError
+from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
+from meridian.sim.request import RequestKind
+
+REASONING = RequestKind.REASONING
+CHAT = RequestKind.CHAT
+
+
+def ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def record(
+    rid: str,
+    kind: RequestKind,
+    arrival: float,
+    *,
+    think_requested: int = 0,
+    think: int = 0,
+    settle: int | None = None,
+    first_token: float | None = None,
+    think_end: float | None = None,
+    answers: tuple[float, ...] = (),
+    steps: tuple[int, ...] = (),
+    forced: ForceReason | None = None,
+    finished: bool = True,
+) -> RequestRecord:
+    return RequestRecord(
+        request_id=rid,
+        kind=kind,
+        arrival_ns=ns(arrival),
+        num_prompt_tokens=10,
+        num_think_tokens_requested=think_requested,
+        num_answer_tokens_requested=max(len(answers), 1),
+        settle_token=settle,
+        first_token_ns=None if first_token is None else ns(first_token),
+        think_end_ns=None if think_end is None else ns(think_end),
+        first_answer_ns=ns(answers[0]) if answers else None,
+        finish_ns=ns(answers[-1]) if answers and finished else None,
+        num_think_tokens=think,
+        num_answer_tokens=len(answers),
+        forced_reason=forced,
+        answer_token_ns=[ns(a) for a in answers],
+        answer_token_step=list(steps),
+    )
+
+
+def hand_made_run() -> SimResult:
+    """Five requests whose every metric is worked out in the tests below.
+
+    A: reasoning, forced (converged) at 50 of 100 think tokens, before its settle point 60;
+       ITL gaps 40, 60, 30 ms (P95 58 ms: misses the 50 ms ITL SLO); answer steps 10, 11, 14, 15.
+    B: reasoning, 200 think tokens unforced; gaps 20, 20 ms: meets both SLOs.
+    C: chat; TTFVT 2.5 s > the 2 s base: misses the TTFVT SLO; steps 20, 22.
+    D: reasoning, forced (hard cap) at 250 of 300, after its settle point 100; meets both SLOs.
+    E: reasoning, still thinking at the end (120 think tokens generated, not finished).
+    """
+    records = [
+        record(
+            "A", REASONING, 0.0, think_requested=100, think=50, settle=60, first_token=0.5,
+            think_end=3.0, answers=(3.2, 3.24, 3.30, 3.33), steps=(10, 11, 14, 15),
+            forced=ForceReason.CONVERGED,
+        ),
+        record(
+            "B", REASONING, 1.0, think_requested=200, think=200, settle=150, first_token=1.2,
+            think_end=4.0, answers=(4.5, 4.52, 4.54), steps=(20, 21, 22),
+        ),
+        record("C", CHAT, 2.0, first_token=4.5, answers=(4.5, 4.53), steps=(20, 22)),
+        record(
+            "D", REASONING, 2.5, think_requested=300, think=250, settle=100, first_token=2.6,
+            think_end=5.0, answers=(5.1, 5.12), steps=(30, 31), forced=ForceReason.HARD_CAP,
+        ),
+        record(
+            "E", REASONING, 3.0, think_requested=400, think=120, first_token=3.5,
+            finished=False,
+        ),
+    ]  # fmt: skip
+    counters = RunCounters(
+        num_steps=40,
+        num_output_critical_evictions=2,
+        preemptions_by_phase={Phase.THINK: 3, Phase.OUTPUT: 1},
+        num_recomputed_tokens=77,
+    )
+    samples = [TimeSample(ns(0.1 * i), 10 * i, 5 * i, i, 1, i % 3, 2, 1, 1) for i in range(1, 11)]
+    return SimResult("meridian", 100, records, samples, counters, end_ns=ns(6.0))
+
+
+@pytest.fixture(scope="module")
+def summary() -> PolicySummary:
+    return summarize(hand_made_run(), SloSpec())
+
+
+approx = pytest.approx
+
+
+def test_counts(summary: PolicySummary) -> None:
+    assert (summary.num_requests, summary.num_finished) == (5, 4)
+    assert (summary.num_reasoning, summary.num_chat) == (4, 1)
+    assert summary.sim_duration_s == 6.0
+    assert summary.makespan_s == approx(5.12)
+
+
+def test_ttft(summary: PolicySummary) -> None:
+    # [0.5, 0.2, 2.5, 0.1, 0.5] -> sorted [0.1, 0.2, 0.5, 0.5, 2.5]
+    t = summary.ttft_s
+    assert t.count == 5
+    assert t.mean == approx(0.76)
+    assert t.p50 == approx(0.5)
+    assert t.p95 == approx(0.5 + 0.8 * 2.0)
+    assert t.p99 == approx(0.5 + 0.96 * 2.0)
+
+
+def test_ttfvt(summary: PolicySummary) -> None:
+    # A 3.2, B 3.5, C 2.5, D 2.6; E has no answer yet.
+    t = summary.ttfvt_s
+    assert t.count == 4
+    assert t.mean == approx(2.95)
+    assert t.p50 == approx(2.9)
+    assert t.p95 == approx(3.2 + 0.85 * 0.3)
+    assert t.max == approx(3.5)
+
+
+def test_ttot_is_reasoning_only(summary: PolicySummary) -> None:
+    # A 0.2, B 0.5, D 0.1; the chat request has no </think>.
+    t = summary.ttot_s
+    assert t.count == 3
+    assert t.p50 == approx(0.2)
+    assert t.p95 == approx(0.2 + 0.9 * 0.3)
+    assert t.p99 == approx(0.2 + 0.98 * 0.3)
+
+
+def test_output_itl_pools_all_gaps(summary: PolicySummary) -> None:
+    # Gaps (ms): A 40, 60, 30; B 20, 20; C 30; D 20 -> sorted 20 20 20 30 30 40 60.
+    t = summary.output_itl_s
+    assert t.count == 7
+    assert t.mean == approx(0.22 / 7, rel=1e-5)
+    assert t.p50 == approx(0.030)
+    assert t.p95 == approx(0.040 + 0.7 * 0.020)
+    assert t.p99 == approx(0.040 + 0.94 * 0.020)
+    assert t.max == approx(0.060)
+
+
+def test_token_counts_over_finished_requests(summary: PolicySummary) -> None:
+    # Think: A 50, B 200, D 250 (E unfinished); answers: A 4, B 3, C 2, D 2.
+    assert summary.think_tokens.count == 3
+    assert summary.think_tokens.mean == approx(500 / 3, rel=1e-5)
+    assert summary.think_tokens.p50 == 200
+    assert summary.think_tokens.p95 == approx(245.0)
+    assert summary.answer_tokens.mean == approx(2.75)
+
+
+def test_forced_by_reason_and_premature_rate(summary: PolicySummary) -> None:
+    assert summary.num_forced == 2
+    # Over the 4 reasoning requests.
+    assert summary.forced_pct.converged == 25.0
+    assert summary.forced_pct.hard_cap == 25.0
+    assert summary.forced_pct.overthinking == 0.0
+    # A stopped at 50 < settle 60 (premature), D at 250 >= settle 100 (not).
+    assert summary.premature_force_pct == 50.0
+
+
+def test_think_tokens_saved_ignores_unfinished_think(summary: PolicySummary) -> None:
+    # A, B, D passed </think>: requested 600, generated 500. E is still thinking.
+    assert summary.think_tokens_saved == 100
+    assert summary.think_tokens_saved_pct == approx(100 / 6, rel=1e-5)
+
+
+def test_counters_and_worst_gap(summary: PolicySummary) -> None:
+    assert summary.num_output_critical_evictions == 2
+    assert summary.preemptions.model_dump() == {"prefill": 0, "think": 3, "output": 1}
+    assert summary.num_recomputed_tokens == 77
+    assert summary.worst_answer_gap_steps == 3  # A: step 11 -> 14
+
+
+def test_throughput_and_goodput(summary: PolicySummary) -> None:
+    # Generated: A 54, B 203, C 2, D 252, E 120 = 631 tokens over 0 s -> 5.12 s.
+    assert summary.throughput_tok_s == approx(631 / 5.12, rel=1e-5)
+    # Only B and D meet both SLOs (A misses ITL, C misses TTFVT, E unfinished).
+    assert summary.num_slo_met == 2
+    assert summary.goodput_req_s == approx(2 / 5.12, rel=1e-5)
+    assert summary.slo_met_pct == 40.0
+
+
+def test_goodput_follows_the_slo() -> None:
+    run = hand_made_run()
+    # A 60 ms ITL SLO admits A (P95 58 ms); a 2.5 s base admits C (TTFVT 2.5 s, at the edge).
+    loose = summarize(run, SloSpec(ttfvt_base_s=2.5, output_itl_s=0.060))
+    assert loose.num_slo_met == 4
+    # A TTFVT allowance of 0.01 s per think token: B needs 3.5 <= 2 + 2.0, D 2.6 <= 2 + 3.0.
+    tight = summarize(run, SloSpec(think_tpot_s=0.01))
+    assert tight.num_slo_met == 2
+    tighter = summarize(run, SloSpec(think_tpot_s=0.005))  # B: 3.5 > 3.0 now
+    assert tighter.num_slo_met == 1
+
+
+def test_slo_edges_are_inclusive() -> None:
+    r = record("X", CHAT, 0.0, first_token=2.0, answers=(2.0, 2.05, 2.10), steps=(1, 2, 3))
+    assert meets_slo(r, SloSpec())  # TTFVT exactly 2 s, every gap exactly 50 ms
+    assert not meets_slo(r, SloSpec(output_itl_s=0.049))
+    assert not meets_slo(r, SloSpec(ttfvt_base_s=1.999))
+    one_token = record("Y", CHAT, 0.0, first_token=1.0, answers=(1.0,), steps=(1,))
+    assert meets_slo(one_token, SloSpec())  # no gap, nothing to violate
+
+
+def test_empty_run_gives_nulls_not_errors() -> None:
+    s = summarize(SimResult("vllm-fcfs", 10, [], [], RunCounters(), end_ns=0), SloSpec())
+    assert s.num_requests == 0
+    assert s.ttft_s.count == 0 and s.ttft_s.p50 is None and s.output_itl_s.p99 is None
+    assert s.throughput_tok_s is None and s.goodput_req_s is None
+    assert s.premature_force_pct is None and s.worst_answer_gap_steps is None
+    assert s.distributions.output_itl_s.quantiles == []
+    assert s.series.time_s == []
+    json.dumps(s.model_dump(mode="json"))  # serialisable, nulls included
+
+
+def test_cdf_sketch_holds_101_quantiles(summary: PolicySummary) -> None:
+    q = summary.distributions.ttfvt_s.quantiles
+    assert len(q) == 101
+    assert q[0] == approx(2.5) and q[50] == approx(2.9) and q[100] == approx(3.5)
+    assert q == sorted(q)
+
+
+def test_time_series_fractions_of_capacity(summary: PolicySummary) -> None:
+    series = summary.series
+    assert len(series.time_s) == 10  # short runs keep every sample
+    assert series.kv_used_fraction[-1] == 1.0  # 100 of 100 blocks
+    assert series.kv_think_fraction[3] == 0.2
+    assert series.queue_output[:3] == [1, 2, 0]
+
+
+def test_downsample_keeps_spikes_and_is_deterministic() -> None:
+    samples = [TimeSample(i * 1000, 1, 0, 1, 0, 0, 0, 0, 0) for i in range(5003)]
+    samples[1234] = TimeSample(1234 * 1000, 99, 0, 1, 0, 77, 0, 0, 0)
+    a = downsample(samples, 100)
+    assert len(a.time_s) == MAX_SERIES_POINTS
+    assert max(a.queue_output) == 77
+    assert max(a.kv_used_fraction) == 0.99
+    assert a.time_s[-1] == approx(5002 * 1000 / 1e9)
+    assert a.time_s == sorted(a.time_s)
+    assert downsample(samples, 100) == a
+
+
+def test_floats_are_rounded_to_six_significant_digits() -> None:
+    run = hand_made_run()
+    run.records[0].answer_token_ns[1] += 1  # a gap of 40.000001 ms
+    s = summarize(run, SloSpec())
+
+    def floats(value: object) -> list[float]:
+        if isinstance(value, float):
+            return [value]
+        if isinstance(value, dict):
+            return [f for v in value.values() for f in floats(v)]
+        if isinstance(value, list):
+            return [f for v in value for f in floats(v)]
+        return []
+
+    values = floats(s.model_dump())
+    assert values
+    assert all(v == float(f"{v:.6g}") for v in values)
+    # The reloaded summary is the same object (rounding is idempotent).
+    assert PolicySummary.model_validate_json(s.model_dump_json()) == s
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300))
+@settings(max_examples=200, deadline=None)
+def test_round_sig_is_idempotent_and_close(x: float) -> None:
+    r = round_sig(x)
+    assert round_sig(r) == r
+    assert r == approx(x, rel=1e-5, abs=1e-300)
+
+
+def test_round_sig_rejects_non_finite() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        round_sig(float("nan"))
+
+
+def test_slo_spec_validation_and_config() -> None:
+    with pytest.raises(ConfigError, match=r"slo\.output_itl_s must be a positive"):
+        SloSpec(output_itl_s=0.0)
+    with pytest.raises(ConfigError, match=r"slo\.ttfvt_base_s"):
+        SloSpec(ttfvt_base_s=float("nan"))
+    slo = SloSpec.from_scheduler(SchedulerConfig(think_tpot_budget_ms=40.0))
+    assert slo.think_tpot_s == 0.04
+    assert slo.ttfvt_slo_s(100) == approx(6.0)
+
+
+@st.composite
+def random_runs(draw: st.DrawFn) -> SimResult:
+    records: list[RequestRecord] = []
+    for i in range(draw(st.integers(0, 12))):
+        reasoning = draw(st.booleans())
+        arrival = draw(st.integers(0, 10_000))
+        t = arrival + draw(st.integers(1, 5_000))
+        think_requested = draw(st.integers(1, 500)) if reasoning else 0
+        think = draw(st.integers(0, think_requested))
+        forced = draw(st.sampled_from([None, *ForceReason])) if reasoning else None
+        gaps = draw(st.lists(st.integers(1, 3_000), max_size=6))
+        answers = [t + (draw(st.integers(1, 5_000)) if reasoning else 0)]
+        for g in gaps:
+            answers.append(answers[-1] + g)
+        finished = draw(st.booleans())
+        records.append(
+            RequestRecord(
+                request_id=f"r{i}",
+                kind=REASONING if reasoning else CHAT,
+                arrival_ns=arrival * 1_000_000,
+                num_prompt_tokens=5,
+                num_think_tokens_requested=think_requested,
+                num_answer_tokens_requested=len(answers),
+                settle_token=draw(st.none() | st.integers(0, 500)) if reasoning else None,
+                first_token_ns=t * 1_000_000,
+                think_end_ns=(answers[0] - 1) * 1_000_000 if reasoning else None,
+                first_answer_ns=answers[0] * 1_000_000,
+                finish_ns=answers[-1] * 1_000_000 if finished else None,
+                num_think_tokens=think,
+                num_answer_tokens=len(answers),
+                forced_reason=forced,
+                answer_token_ns=[a * 1_000_000 for a in answers],
+                answer_token_step=list(range(len(answers))),
+            )
+        )
+    end = max((r.answer_token_ns[-1] for r in records), default=0)
+    return SimResult("p", 64, records, [], RunCounters(), end_ns=end)
+
+
+@given(random_runs())
+@settings(max_examples=60, deadline=None)
+def test_summary_invariants(run: SimResult) -> None:
+    s = summarize(run, SloSpec())
+    for p in (s.ttft_s, s.ttfvt_s, s.ttot_s, s.output_itl_s, s.think_tokens):
+        if p.count:
+            assert p.p50 is not None and p.p95 is not None and p.p99 is not None
+            assert p.max is not None
+            assert p.p50 <= p.p95 <= p.p99 <= p.max
+        else:
+            assert p.p50 is None and p.mean is None
+    assert s.num_slo_met <= s.num_finished <= s.num_requests
+    forced = s.forced_pct
+    assert forced.converged + forced.overthinking + forced.hard_cap <= 100.0 + 1e-6
+    assert s.think_tokens_saved >= 0
+    if s.goodput_req_s is not None and s.makespan_s:
+        assert s.goodput_req_s <= s.num_finished / s.makespan_s * (1 + 1e-5)
+    assert summarize(run, SloSpec()) == s  # deterministic
+    assert np.isfinite([v for v in s.distributions.output_itl_s.quantiles]).all()

@@ -1,0 +1,347 @@
+"""Reports and the A/B: flags at every threshold, canonical JSON, Markdown, sweeps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from meridian.bench.ab import HEADLINE_METRICS, AbFlag, Direction, classify, delta_pct
+from meridian.bench.metrics import PolicySummary, SloSpec, summarize
+from meridian.bench.report import (
+    AbReport,
+    SimReport,
+    SweepReport,
+    build_ab_report,
+    build_sweep_report,
+    load_report,
+    render_markdown,
+    write_ab_report,
+    write_report,
+    write_sweep_report,
+)
+from meridian.core.types import ForceReason, Phase
+from meridian.errors import MeridianError
+from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
+from meridian.sim.request import RequestKind
+
+MS = 1_000_000
+POLICIES = ["meridian", "vllm-fcfs", "static-budget"]
+
+
+def run(
+    policy: str,
+    gap_ms: int,
+    ttfvt_ms: int,
+    *,
+    evictions: int = 0,
+    output_preemptions: int = 0,
+    think: int = 300,
+) -> SimResult:
+    """Six requests (two chat), five answer tokens each, gaps of ``gap_ms`` or ``gap_ms + 1``."""
+    records = []
+    for i in range(6):
+        arrival = i * 250 * MS
+        reasoning = i % 3 != 0
+        first_answer = arrival + ttfvt_ms * MS + (7 * i) * MS
+        answers = [first_answer + k * (gap_ms + i % 2) * MS for k in range(5)]
+        records.append(
+            RequestRecord(
+                request_id=f"r{i}",
+                kind=RequestKind.REASONING if reasoning else RequestKind.CHAT,
+                arrival_ns=arrival,
+                num_prompt_tokens=32,
+                num_think_tokens_requested=400 if reasoning else 0,
+                num_answer_tokens_requested=5,
+                settle_token=250 if reasoning else None,
+                first_token_ns=arrival + 50 * MS,
+                think_end_ns=first_answer - 20 * MS if reasoning else None,
+                first_answer_ns=first_answer,
+                finish_ns=answers[-1],
+                num_think_tokens=(think + 13 * i) if reasoning else 0,
+                num_answer_tokens=5,
+                forced_reason=ForceReason.CONVERGED if reasoning and think < 400 else None,
+                answer_token_ns=answers,
+                answer_token_step=[3 * k for k in range(5)],
+            )
+        )
+    counters = RunCounters(
+        num_steps=100,
+        num_output_critical_evictions=evictions,
+        preemptions_by_phase={Phase.OUTPUT: output_preemptions, Phase.THINK: 2},
+    )
+    samples = [
+        TimeSample(t * 10 * MS, t % 50, t % 20, 4, 1, t % 3, t % 5, 2, 2) for t in range(700)
+    ]
+    end = max(r.answer_token_ns[-1] for r in records)
+    return SimResult(policy, 64, records, samples, counters, end_ns=end)
+
+
+def report(rate: float = 4.0, **overrides: Any) -> SimReport:
+    """Meridian: 20 ms gaps; vllm-fcfs: 55 ms gaps (misses the ITL SLO), evictions and output
+    preemptions; static-budget: 21 ms gaps but answers 400 ms sooner (Meridian's TTFVT loses)."""
+    runs = {
+        "meridian": run("meridian", 20, 1500, think=260),
+        "vllm-fcfs": run("vllm-fcfs", 55, 1600, evictions=3, output_preemptions=4),
+        "static-budget": run("static-budget", 21, 1100, think=300),
+    }
+    slo = SloSpec()
+    fields: dict[str, Any] = {
+        "workload": "mixed-reasoning",
+        "seed": 7,
+        "duration_s": 60.0,
+        "hardware": "h100-sxm",
+        "model": "qwen3-8b",
+        "slo": slo,
+        "policies": list(runs),
+        "arrival_rate": rate,
+        "summaries": {p: summarize(r, slo) for p, r in runs.items()},
+    }
+    fields.update(overrides)
+    return SimReport(**fields)
+
+
+# --- flags ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("candidate", "baseline", "direction", "flag"),
+    [
+        (100.0, 100.0, Direction.LOWER, AbFlag.FLAT),
+        (98.01, 100.0, Direction.LOWER, AbFlag.FLAT),  # -1.99 %
+        (98.0, 100.0, Direction.LOWER, AbFlag.WIN_SMALL),  # -2 % exactly
+        (90.01, 100.0, Direction.LOWER, AbFlag.WIN_SMALL),  # -9.99 %
+        (90.0, 100.0, Direction.LOWER, AbFlag.WIN),  # -10 % exactly
+        (101.99, 100.0, Direction.LOWER, AbFlag.FLAT),
+        (102.0, 100.0, Direction.LOWER, AbFlag.LOSS_SMALL),
+        (109.99, 100.0, Direction.LOWER, AbFlag.LOSS_SMALL),
+        (110.0, 100.0, Direction.LOWER, AbFlag.LOSS),
+        # Higher is better (throughput, goodput): the same Δ reads the other way.
+        (110.0, 100.0, Direction.HIGHER, AbFlag.WIN),
+        (105.0, 100.0, Direction.HIGHER, AbFlag.WIN_SMALL),
+        (101.0, 100.0, Direction.HIGHER, AbFlag.FLAT),
+        (95.0, 100.0, Direction.HIGHER, AbFlag.LOSS_SMALL),
+        (80.0, 100.0, Direction.HIGHER, AbFlag.LOSS),
+    ],
+)
+def test_flags_at_each_threshold(
+    candidate: float, baseline: float, direction: Direction, flag: AbFlag
+) -> None:
+    c = classify(candidate, baseline, direction)
+    assert c.flag is flag
+    assert c.delta_pct == pytest.approx((candidate - baseline) / baseline * 100)
+
+
+def test_zero_baseline_is_an_absolute_comparison() -> None:
+    assert classify(0, 0, Direction.LOWER).flag is AbFlag.FLAT
+    assert classify(1, 0, Direction.LOWER).flag is AbFlag.LOSS  # first eviction: LOSS
+    assert classify(1, 0, Direction.LOWER).delta_pct is None
+    assert classify(5.0, 0.0, Direction.HIGHER).flag is AbFlag.WIN
+    assert delta_pct(3.0, 0.0) is None
+
+
+def test_missing_values_have_no_flag() -> None:
+    assert classify(None, 1.0, Direction.LOWER).flag is None
+    assert classify(1.0, None, Direction.HIGHER).delta_pct is None
+
+
+def test_headline_metrics_order() -> None:
+    assert [m.label for m in HEADLINE_METRICS] == [
+        "output ITL P99",
+        "output ITL P95",
+        "TTFVT P95",
+        "TTFVT P50",
+        "TTOT P95",
+        "TTFT P95",
+        "throughput",
+        "goodput",
+        "think tokens avg",
+        "premature force rate (model)",
+        "OutputCritical evictions",
+        "preemptions (output phase)",
+        "preemptions (think phase)",
+    ]
+
+
+# --- A/B ------------------------------------------------------------------------------------------
+
+
+def test_ab_report_values_and_flags() -> None:
+    ab = build_ab_report(report())
+    assert ab.candidate == "meridian" and ab.baselines == ["vllm-fcfs", "static-budget"]
+    rows = {r.metric: r for r in ab.rows}
+    assert [r.metric for r in ab.rows] == [m.key for m in HEADLINE_METRICS]
+
+    itl = rows["output_itl_p99_s"]
+    assert itl.values["meridian"] == pytest.approx(0.021)
+    assert itl.values["vllm-fcfs"] == pytest.approx(0.056)
+    assert itl.comparisons["vllm-fcfs"].flag is AbFlag.WIN
+    assert itl.comparisons["vllm-fcfs"].delta_pct == pytest.approx((21 - 56) / 56 * 100)
+    # 21 vs 22 ms: -4.5 %, a small win.
+    assert itl.comparisons["static-budget"].flag is AbFlag.WIN_SMALL
+
+    # static-budget answers 400 ms sooner: Meridian's TTFVT is a LOSS there.
+    assert rows["ttfvt_p50_s"].comparisons["static-budget"].flag is AbFlag.LOSS
+    assert rows["ttfvt_p50_s"].comparisons["vllm-fcfs"].flag is AbFlag.WIN_SMALL
+    # Evictions 0 against 3: a win; 0 against 0: flat, by absolute comparison.
+    ev = rows["output_critical_evictions"]
+    assert ev.comparisons["vllm-fcfs"].flag is AbFlag.WIN
+    assert ev.comparisons["static-budget"].flag is AbFlag.FLAT
+    assert ev.comparisons["static-budget"].delta_pct is None
+    assert rows["preemptions_think"].comparisons["vllm-fcfs"].flag is AbFlag.FLAT
+    assert rows["preemptions_output"].comparisons["vllm-fcfs"].flag is AbFlag.WIN
+
+
+def test_ab_needs_the_candidate_and_known_baselines() -> None:
+    r = report()
+    with pytest.raises(MeridianError, match="candidate policy 'think-first'"):
+        build_ab_report(r, candidate="think-first")
+    with pytest.raises(MeridianError, match="not in the run"):
+        build_ab_report(r, baselines=["vllm-priority"])
+    only = build_ab_report(r, baselines=["static-budget"])
+    assert only.baselines == ["static-budget"]
+    assert set(only.rows[0].values) == {"meridian", "static-budget"}
+
+
+def test_ab_report_files(tmp_path: Path) -> None:
+    ab = build_ab_report(report())
+    paths = write_ab_report(ab, tmp_path / "out")
+    assert [p.name for p in paths] == ["ab-report.json", "ab-report.md"]
+    assert load_report(paths[0], AbReport) == ab
+    md = paths[1].read_text()
+    assert "| metric | unit | direction | `meridian` | `vllm-fcfs` | `static-budget` |" in md
+    assert "Δ vs `vllm-fcfs`" in md and "Δ vs `static-budget`" in md
+    assert "-62.5 % WIN" in md  # output ITL P99 against vllm-fcfs: 21 vs 56 ms
+    assert "| goodput | requests/s | higher is better | 2.091 | 0 | 2.426 | base 0: WIN |" in md
+    assert "## Where Meridian loses" in md
+    assert "- **TTFVT P50** vs `static-budget`" in md
+    assert "|Δ| < 2 % is FLAT" in md and "≥ 10 % worse is LOSS" in md
+    assert "*model*" in md
+
+
+# --- report.json / report.md ----------------------------------------------------------------------
+
+
+def test_report_json_is_byte_identical_and_canonical(tmp_path: Path) -> None:
+    a = write_report(report(), tmp_path / "a")
+    b = write_report(report(), tmp_path / "b")
+    assert a[0].read_bytes() == b[0].read_bytes()
+    assert a[1].read_bytes() == b[1].read_bytes()
+    text = a[0].read_text()
+    assert text.endswith("}\n") and "\r" not in text
+    assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
+    assert str(tmp_path) not in text
+    data = json.loads(text)
+    assert data["schema_version"] == 1
+    assert data["summaries"]["meridian"]["output_itl_s"]["p50"] == 0.0205
+
+
+def test_report_json_is_identical_in_another_process(tmp_path: Path) -> None:
+    ours = write_report(report(), tmp_path / "here")[0].read_bytes()
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_report import report
+        from meridian.bench.report import write_report
+        write_report(report(), Path({str(tmp_path / "there")!r}))
+        """
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    subprocess.run([sys.executable, "-c", script], check=True, env=env)
+    assert (tmp_path / "there" / "report.json").read_bytes() == ours
+
+
+def test_report_round_trips_through_the_schema(tmp_path: Path) -> None:
+    r = report()
+    path = write_report(r, tmp_path)[0]
+    again = load_report(path, SimReport)
+    assert again == r
+    assert isinstance(again.summaries["vllm-fcfs"], PolicySummary)
+    data = json.loads(path.read_text())
+    data["schema_version"] = 2
+    path.write_text(json.dumps(data))
+    with pytest.raises(MeridianError, match=r"not a valid SimReport.*schema_version"):
+        load_report(path, SimReport)
+    with pytest.raises(MeridianError, match="cannot read report"):
+        load_report(tmp_path / "missing.json", SimReport)
+
+
+def test_report_markdown_table_and_losses(tmp_path: Path) -> None:
+    md = write_report(report(), tmp_path)[1].read_text()
+    assert "| metric | unit | `meridian` | `vllm-fcfs` | `static-budget` |" in md
+    assert "| output ITL P99 | ms | 21 | 56 | 22 |" in md
+    assert "| OutputCritical evictions | count | 0 | 3 | 0 |" in md
+    assert "| premature force rate (model) | % forced |" in md
+    assert "## Where Meridian loses" in md
+    assert "- **TTFVT P50** vs `static-budget`" in md
+    assert "Nowhere on this run." not in md
+    # Fewer think tokens over a similar makespan: the report must own the throughput loss.
+    assert "- **throughput** vs `vllm-fcfs`: -4.1 % (loss)" in md
+
+
+def test_markdown_says_nowhere_when_meridian_never_loses() -> None:
+    # Meridian against its own twin: everything FLAT, no loss to list.
+    meridian = report().summaries["meridian"]
+    r = report(
+        policies=["meridian", "twin"],
+        summaries={"meridian": meridian, "twin": meridian.model_copy(update={"policy": "twin"})},
+    )
+    md = render_markdown(r)
+    section = md.split("## Where Meridian loses", 1)[1]
+    assert section.lstrip().startswith("Nowhere on this run.")
+
+
+def test_report_rejects_bad_parameters() -> None:
+    with pytest.raises(ValidationError, match="not an absolute path"):
+        report(workload="/home/me/traces/mixed.jsonl")
+    with pytest.raises(ValidationError, match="same policies"):
+        report(policies=["meridian", "vllm-fcfs"])
+    good = report()
+    with pytest.raises(ValidationError, match="holds policy"):
+        report(summaries={**good.summaries, "meridian": good.summaries["vllm-fcfs"]})
+
+
+# --- sweep ----------------------------------------------------------------------------------------
+
+
+def test_sweep_report(tmp_path: Path) -> None:
+    sweep = build_sweep_report([report(8.0), report(2.0)])
+    assert sweep.arrival_rates == [2.0, 8.0]
+    point = sweep.points[0]
+    assert set(point.goodput_req_s) == set(POLICIES)
+    assert point.goodput_req_s["meridian"] == point.summaries["meridian"].goodput_req_s
+    assert point.output_itl_p99_s["vllm-fcfs"] == pytest.approx(0.056)
+    paths = write_sweep_report(sweep, tmp_path)
+    assert [p.name for p in paths] == ["sweep-report.json", "sweep-report.md"]
+    assert load_report(paths[0], SweepReport) == sweep
+    md = paths[1].read_text()
+    assert "## Goodput (requests/s)" in md and "## Output ITL P99 (ms)" in md
+    assert "| 2 | " in md and "| 8 | " in md
+    assert "- at 2 requests/s: **TTFVT P50** vs `static-budget`" in md
+
+
+def test_sweep_rejects_mismatched_runs() -> None:
+    with pytest.raises(MeridianError, match="differ in \\['seed'\\]"):
+        build_sweep_report([report(2.0), report(4.0, seed=8)])
+    with pytest.raises(MeridianError, match="distinct"):
+        build_sweep_report([report(2.0), report(2.0)])
+    with pytest.raises(MeridianError, match="at least one"):
+        build_sweep_report([])
+
+
+def test_builder_matches_the_records_it_claims() -> None:
+    # Guards the fixtures above: the meridian run has 20/21 ms gaps and the SLOs hold.
+    r = report()
+    s = r.summaries["meridian"]
+    assert s.output_itl_s.p50 == pytest.approx(0.0205)
+    assert s.num_slo_met == 6 and s.num_finished == 6
+    assert r.summaries["vllm-fcfs"].num_slo_met == 0
