@@ -1,9 +1,10 @@
-"""``meridian bench sim``: Meridian against the baselines in the deterministic simulator."""
+"""``meridian bench sim`` (the simulator A/B) and ``meridian bench real`` (a live server)."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from meridian.bench.metrics import PolicySummary, SloSpec
+from meridian.bench.metrics import PolicySummary, SloSpec, summarize
 from meridian.bench.plots import write_plots, write_sweep_plots
 from meridian.bench.report import (
     SimReport,
@@ -27,6 +28,7 @@ from meridian.bench.workloads import WORKLOADS
 from meridian.config import load_config
 from meridian.errors import MeridianError
 from meridian.sim.presets import HARDWARE, MODELS
+from meridian.sim.request import RequestSpec
 
 DEFAULT_OUT_DIR = Path("meridian-out") / "sim"
 _DEFAULT_SLO = SloSpec()
@@ -96,6 +98,33 @@ def register(commands: Any) -> None:
     sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     sim.set_defaults(handler=run_sim)
 
+    real = sub.add_parser(
+        "real",
+        help="replay a workload against a live OpenAI-compatible server (vLLM, SGLang)",
+        description=(
+            "Stream every request of the workload to URL/chat/completions at its arrival time; "
+            "measure TTFT, TTFVT (first content token), TTOT and output ITL from the "
+            "reasoning_content/content deltas; write report.json/.md and plots."
+        ),
+    )
+    real.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000/v1")
+    real.add_argument("--model", required=True, help="model name the server serves")
+    real.add_argument("--workload", default="synthetic", help="bundled workload or JSONL trace")
+    real.add_argument("--arrival-rate", type=float, default=2.0, help="requests per second (2)")
+    real.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
+    real.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    real.add_argument("--label", default="server", help="name of this run in the report")
+    real.add_argument(
+        "--max-think-tokens",
+        type=int,
+        help="cap each request's think tokens (and so its max_tokens) for small servers",
+    )
+    real.add_argument(
+        "--out-dir", type=Path, default=Path("meridian-out") / "real", help="output folder"
+    )
+    real.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    real.set_defaults(handler=run_real_cmd)
+
 
 def _rates(text: str) -> list[float]:
     try:
@@ -117,6 +146,70 @@ def _check_args(args: argparse.Namespace) -> None:
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, flag) < 1:
             raise MeridianError(f"--{flag.replace('_', '-')} must be >= 1")
+
+
+def run_real_cmd(args: argparse.Namespace) -> int:
+    """Replay the workload against a live server and write the report."""
+    from meridian.bench.realmode import RealRunSpec, run_real
+
+    if not args.arrival_rate > 0:
+        raise MeridianError(f"--arrival-rate must be > 0; got {args.arrival_rate}")
+    _check_args(
+        argparse.Namespace(**{**vars(args), "max_num_seqs": 1, "max_num_batched_tokens": 1})
+    )
+    if not args.url.startswith(("http://", "https://")):
+        raise MeridianError(f"--url must start with http:// or https://; got {args.url!r}")
+    config = load_config(None).config
+    spec = SimRunSpec(workload=args.workload, duration_s=args.duration_s, seed=args.seed)
+    requests = load_requests(spec, args.arrival_rate)
+    if args.max_think_tokens is not None:
+        requests = [cap_think(r, args.max_think_tokens) for r in requests]
+    console = Console(stderr=True)
+    slo = SloSpec.from_scheduler(config.scheduler)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task(f"{args.label} @ {args.arrival_rate:g} req/s", total=len(requests))
+        result, errors = run_real(
+            RealRunSpec(url=args.url, model=args.model),
+            requests,
+            label=args.label,
+            on_done=lambda n: progress.update(task, completed=n),
+        )
+    report = SimReport(
+        workload=Path(args.workload).name,
+        seed=args.seed,
+        duration_s=args.duration_s,
+        hardware="real",
+        model=args.model,
+        slo=slo,
+        policies=[args.label],
+        arrival_rate=args.arrival_rate,
+        summaries={args.label: summarize(result, slo)},
+    )
+    written = write_report(report, args.out_dir)
+    if not args.no_plots:
+        written += write_plots({args.label: result}, args.out_dir, slo)
+    _print_summary(console, report)
+    for line in errors[:10]:
+        console.print(f"[red]failed[/red] {line}")
+    if errors:
+        console.print(f"{len(errors)} of {len(requests)} requests failed (reported as unfinished)")
+    console.print(f"wrote {len(written)} files under {args.out_dir}/")
+    return 1 if len(errors) == len(requests) else 0
+
+
+def cap_think(spec: RequestSpec, cap: int) -> RequestSpec:
+    """``spec`` with at most ``cap`` think tokens (its entropy trace cut to match)."""
+    if spec.num_think_tokens <= cap:
+        return spec
+    entropy = None if spec.think_entropy is None else spec.think_entropy[:cap]
+    settle = None if spec.settle_token is None else min(spec.settle_token, cap)
+    return replace(spec, num_think_tokens=cap, think_entropy=entropy, settle_token=settle)
 
 
 def run_sim(args: argparse.Namespace) -> int:

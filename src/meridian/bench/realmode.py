@@ -1,0 +1,224 @@
+"""Real mode: replay a workload against a live OpenAI-compatible server and measure it.
+
+Each request of the workload becomes one streaming ``/chat/completions`` call, started at its
+arrival time (relative to the start of the run). Think tokens arrive as ``reasoning_content``
+(or ``reasoning``) deltas when the server runs a reasoning parser, answer tokens as ``content``
+deltas; from their arrival times we measure TTFT, TTFVT, TTOT and output ITL exactly as the
+simulator defines them, and write the same report schema and plots.
+
+NOTE: a streamed delta may carry several tokens (vLLM's ``stream_interval``); each content delta
+counts as one answer-token arrival, so ITL is per delta. Token counts come from the final usage
+chunk when the server sends one (``stream_options.include_usage``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import httpx
+
+from meridian.errors import MeridianError
+from meridian.sim.records import RequestRecord, RunCounters, SimResult
+from meridian.sim.request import RequestSpec
+
+_WORDS = tuple(
+    [
+        "consider",
+        "the",
+        "following",
+        "problem",
+        "carefully",
+        "and",
+        "explain",
+        "each",
+        "step",
+        "of",
+        "the",
+        "reasoning",
+        "before",
+        "giving",
+        "a",
+        "short",
+        "final",
+        "answer",
+        "about",
+        "numbers",
+        "shapes",
+        "time",
+        "distance",
+        "and",
+        "probability",
+    ]
+)
+
+
+class RealModeError(MeridianError):
+    """The server could not be reached or answered something that is not an OpenAI stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class RealRunSpec:
+    """Where to send the workload and how long to wait."""
+
+    url: str
+    model: str
+    request_timeout_s: float = 600.0
+    think_suffix: str = ""
+    chat_suffix: str = " /no_think"
+    temperature: float = 0.0
+    max_concurrency: int = 512
+
+
+def prompt_for(spec: RequestSpec, suffix: str) -> str:
+    """A deterministic prompt of roughly ``num_prompt_tokens`` words."""
+    words = [
+        _WORDS[(i * 7 + len(spec.request_id)) % len(_WORDS)] for i in range(spec.num_prompt_tokens)
+    ]
+    return " ".join(words) + suffix
+
+
+def max_tokens_for(spec: RequestSpec) -> int:
+    """Room for the think phase, ``</think>`` and the answer."""
+    return spec.num_think_tokens + spec.num_answer_tokens + (1 if spec.num_think_tokens else 0)
+
+
+def _record(spec: RequestSpec) -> RequestRecord:
+    return RequestRecord(
+        request_id=spec.request_id,
+        kind=spec.kind,
+        arrival_ns=spec.arrival_ns,
+        num_prompt_tokens=spec.num_prompt_tokens,
+        num_think_tokens_requested=spec.num_think_tokens,
+        num_answer_tokens_requested=spec.num_answer_tokens,
+        settle_token=None,
+    )
+
+
+async def _one(
+    client: httpx.AsyncClient,
+    run: RealRunSpec,
+    spec: RequestSpec,
+    t0: float,
+    sem: asyncio.Semaphore,
+    errors: list[str],
+) -> RequestRecord:
+    rec = _record(spec)
+    delay = t0 + spec.arrival_ns / 1e9 - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    suffix = run.think_suffix if spec.is_reasoning else run.chat_suffix
+    body = {
+        "model": run.model,
+        "messages": [{"role": "user", "content": prompt_for(spec, suffix)}],
+        "max_tokens": max_tokens_for(spec),
+        "temperature": run.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+    def now_ns() -> int:
+        return int((time.perf_counter() - t0) * 1e9)
+
+    async with sem:
+        try:
+            async with client.stream(
+                "POST", "/chat/completions", json=body, timeout=run.request_timeout_s
+            ) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")[:300]
+                    errors.append(f"{spec.request_id}: HTTP {resp.status_code}: {text}")
+                    return rec
+                async for line in resp.aiter_lines():
+                    _consume(line, rec, now_ns())
+        except (httpx.HTTPError, RealModeError) as exc:
+            errors.append(f"{spec.request_id}: {type(exc).__name__}: {exc}")
+            return rec
+    if rec.first_token_ns is not None:
+        rec.finish_ns = rec.answer_token_ns[-1] if rec.answer_token_ns else now_ns()
+    return rec
+
+
+def _consume(line: str, rec: RequestRecord, now: int) -> None:
+    """Apply one SSE line of a chat-completions stream to ``rec``."""
+    if not line.startswith("data:"):
+        return
+    data = line[5:].strip()
+    if not data or data == "[DONE]":
+        return
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError:
+        raise RealModeError(
+            f"{rec.request_id}: the server sent a non-JSON event: {data[:120]!r}"
+        ) from None
+    usage = chunk.get("usage")
+    if usage:
+        details = usage.get("completion_tokens_details") or {}
+        reasoning = details.get("reasoning_tokens")
+        if isinstance(reasoning, int) and reasoning >= rec.num_think_tokens:
+            rec.num_think_tokens = reasoning
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        thought = delta.get("reasoning_content") or delta.get("reasoning")
+        content = delta.get("content")
+        if thought:
+            if rec.first_token_ns is None:
+                rec.first_token_ns = now
+            rec.num_think_tokens += 1
+            rec.think_end_ns = now  # the last think delta so far; TTOT runs from here
+        if content:
+            if rec.first_token_ns is None:
+                rec.first_token_ns = now
+            if rec.first_answer_ns is None:
+                rec.first_answer_ns = now
+            rec.answer_token_ns.append(now)
+            rec.num_answer_tokens += 1
+
+
+async def _run_all(
+    run: RealRunSpec,
+    specs: Sequence[RequestSpec],
+    on_done: Callable[[int], None] | None,
+) -> tuple[list[RequestRecord], list[str], int]:
+    errors: list[str] = []
+    sem = asyncio.Semaphore(run.max_concurrency)
+    limits = httpx.Limits(max_connections=run.max_concurrency)
+    async with httpx.AsyncClient(base_url=run.url.rstrip("/"), limits=limits) as client:
+        try:
+            await client.get("/models", timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise RealModeError(
+                f"cannot reach {run.url}/models ({type(exc).__name__}); is the server up?"
+            ) from None
+        t0 = time.perf_counter()
+        tasks = [asyncio.create_task(_one(client, run, s, t0, sem, errors)) for s in specs]
+        for done, fut in enumerate(asyncio.as_completed(tasks), start=1):
+            await fut
+            if on_done is not None:
+                on_done(done)
+        end_ns = int((time.perf_counter() - t0) * 1e9)
+        return [t.result() for t in tasks], errors, end_ns
+
+
+def run_real(
+    run: RealRunSpec,
+    specs: Sequence[RequestSpec],
+    label: str = "server",
+    on_done: Callable[[int], None] | None = None,
+) -> tuple[SimResult, list[str]]:
+    """Replay ``specs`` against the server; a :class:`SimResult` (for the same reports) and the
+    per-request errors (requests that failed are reported as unfinished, never dropped)."""
+    records, errors, end_ns = asyncio.run(_run_all(run, specs, on_done))
+    result = SimResult(
+        policy=label,
+        num_kv_blocks=0,
+        records=records,
+        samples=[],
+        counters=RunCounters(),
+        end_ns=end_ns,
+    )
+    return result, errors
