@@ -147,3 +147,11 @@ def test_bad_trace_file_names_file_and_line(
     assert main(["bench", "sim", "--workload", str(trace), "--out-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl" in err and ":2" in err
+
+
+def test_disagg_adds_the_offloading_policy(tmp_path: Path) -> None:
+    args = [*SMALL, "--baseline", "vllm-fcfs", "--disagg", "tcp", "--no-plots"]
+    assert main([*args, "--out-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["policies"] == ["meridian", "meridian-disagg", "vllm-fcfs"]
+    assert "num_offloaded_blocks" in report["summaries"]["meridian-disagg"]

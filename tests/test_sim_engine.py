@@ -8,8 +8,10 @@ import pytest
 from meridian.config import MeridianConfig
 from meridian.core.types import Phase
 from meridian.sim.engine import Engine, EngineConfig, SimulationError
+from meridian.sim.fabric import fabric_model
 from meridian.sim.policies import POLICIES, make_policy
 from meridian.sim.presets import hardware_preset, model_preset
+from meridian.sim.records import SimResult
 from meridian.sim.request import RequestKind, RequestSpec
 from meridian.sim.state import SimRequest
 from meridian.sim.steptime import BatchShape, RooflineStepTime
@@ -66,7 +68,12 @@ def make_specs(n: int, seed: int, *, settled_entropy: bool = True) -> list[Reque
 
 def run(policy: str, specs: list[RequestSpec], blocks: int = 400, seqs: int = 64):  # type: ignore[no-untyped-def]
     engine = Engine(
-        EngineConfig(num_kv_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=512),
+        EngineConfig(
+            num_kv_blocks=blocks,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=512,
+            fabric=fabric_model("rdma"),
+        ),
         LinearStepTime(),
         make_policy(policy, MeridianConfig(), ITL_NS),
     )
@@ -178,3 +185,55 @@ def test_roofline_engine_runs_on_presets() -> None:
     result = engine.run(make_specs(20, seed=8))
     assert all(r.finished for r in result.records)
     assert result.counters.num_steps == len(result.samples)
+
+
+def test_disagg_offloads_think_kv_and_pulls_it_back_instead_of_recomputing() -> None:
+    specs = make_specs(80, seed=7, settled_entropy=False)
+    results = {}
+    for policy in ("meridian", "meridian-disagg"):
+        engine = Engine(
+            EngineConfig(
+                num_kv_blocks=260,
+                max_num_seqs=64,
+                max_num_batched_tokens=512,
+                fabric=fabric_model("rdma"),
+            ),
+            LinearStepTime(),
+            make_policy(policy, MeridianConfig(), ITL_NS),
+        )
+        results[policy] = engine.run(specs)
+        assert engine.kv.num_free_blocks == engine.kv.num_blocks  # nothing leaked
+        assert all(r.finished for r in results[policy].records)
+    plain, disagg = results["meridian"], results["meridian-disagg"]
+    assert plain.counters.num_offloaded_blocks == 0
+    assert disagg.counters.num_offloaded_blocks > 0
+
+    # Freed local slots let more requests run at once, and the run ends sooner.
+    def mean_running(result: SimResult) -> float:
+        return sum(s.num_running for s in result.samples) / len(result.samples)
+
+    assert mean_running(disagg) > mean_running(plain)
+    assert disagg.end_ns < plain.end_ns
+    for a, b in zip(plain.records, disagg.records, strict=True):
+        assert a.num_answer_tokens == b.num_answer_tokens
+
+
+def test_a_policy_that_offloads_needs_a_fabric() -> None:
+    engine = Engine(
+        EngineConfig(num_kv_blocks=100),
+        LinearStepTime(),
+        make_policy("meridian-disagg", MeridianConfig(), ITL_NS),
+    )
+    with pytest.raises(SimulationError, match="offloads KV but has no fabric"):
+        engine.run(make_specs(2, seed=1))
+
+
+def test_resumed_requests_pull_offloaded_blocks_instead_of_recomputing() -> None:
+    # Four long answers after short think phases in a cache too small for all: answer streams
+    # must be preempted. With a KV pool, their think KV is pulled back, not recomputed.
+    specs = [RequestSpec(f"t{i}", i * 1000, 32, 300, 600, RequestKind.REASONING) for i in range(4)]
+    plain = run("meridian", specs, blocks=90)[1]
+    disagg = run("meridian-disagg", specs, blocks=90)[1]
+    assert disagg.counters.num_ingested_blocks > 0
+    assert disagg.counters.num_recomputed_tokens < plain.counters.num_recomputed_tokens
+    assert disagg.end_ns < plain.end_ns

@@ -206,6 +206,12 @@ class PolicySummary(_Model):
     num_output_critical_evictions: int
     preemptions: PreemptionsByPhase
     num_recomputed_tokens: int
+    num_offloaded_blocks: int = Field(
+        default=0, description="KV blocks offloaded to the KV pool (meridian-disagg)."
+    )
+    num_ingested_blocks: int = Field(
+        default=0, description="Offloaded KV blocks pulled back on resume instead of recomputed."
+    )
     worst_answer_gap_steps: int | None = Field(
         description="Largest engine-step distance between two consecutive answer tokens."
     )
@@ -430,6 +436,8 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
             output=by_phase.get(Phase.OUTPUT, 0),
         ),
         num_recomputed_tokens=counters.num_recomputed_tokens,
+        num_offloaded_blocks=counters.num_offloaded_blocks,
+        num_ingested_blocks=counters.num_ingested_blocks,
         worst_answer_gap_steps=worst_answer_gap_steps(records),
         throughput_tok_s=None if rate_window_s is None else generated / rate_window_s,
         goodput_req_s=None if rate_window_s is None else num_slo_met / rate_window_s,

@@ -18,6 +18,7 @@ from meridian.bench.workloads import WORKLOADS, WorkloadParams, generate_workloa
 from meridian.config.schema import MeridianConfig
 from meridian.errors import ConfigError, MeridianError
 from meridian.sim.engine import Engine, EngineConfig
+from meridian.sim.fabric import fabric_model
 from meridian.sim.policies import POLICIES, make_policy
 from meridian.sim.presets import hardware_preset, model_preset
 from meridian.sim.records import SimResult
@@ -25,7 +26,8 @@ from meridian.sim.request import RequestSpec
 from meridian.sim.steptime import FittedStepTime, RooflineStepTime, StepTimeModel
 
 CANDIDATE = "meridian"
-BASELINES = tuple(name for name in POLICIES if name != CANDIDATE)
+DISAGG = "meridian-disagg"
+BASELINES = tuple(name for name in POLICIES if name not in (CANDIDATE, DISAGG))
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class SimRunSpec:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     step_time_csv: Path | None = None
+    disagg: str | None = None
 
 
 def parse_baselines(text: str) -> list[str]:
@@ -105,6 +108,7 @@ def engine_config_for(spec: SimRunSpec) -> EngineConfig:
             f"({kv.block_size_tokens} tokens of {model.name})"
         )
     return EngineConfig(
+        fabric=None if spec.disagg is None else fabric_model(spec.disagg),
         num_kv_blocks=num_blocks,
         block_size_tokens=kv.block_size_tokens,
         kv_bytes_per_token=model.kv_bytes_per_token,

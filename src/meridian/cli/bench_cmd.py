@@ -22,11 +22,18 @@ from meridian.bench.report import (
     write_report,
     write_sweep_report,
 )
-from meridian.bench.simrun import SimRunSpec, load_requests, parse_baselines, simulate
+from meridian.bench.simrun import (
+    DISAGG,
+    SimRunSpec,
+    load_requests,
+    parse_baselines,
+    simulate,
+)
 from meridian.bench.traces import write_trace
 from meridian.bench.workloads import WORKLOADS
 from meridian.config import load_config
 from meridian.errors import MeridianError
+from meridian.sim.fabric import FABRIC_MODELS
 from meridian.sim.presets import HARDWARE, MODELS
 from meridian.sim.request import RequestSpec
 
@@ -93,6 +100,12 @@ def register(commands: Any) -> None:
     sim.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs (256)")
     sim.add_argument(
         "--max-num-batched-tokens", type=int, default=8192, help="engine token budget (8192)"
+    )
+    sim.add_argument(
+        "--disagg",
+        choices=sorted(FABRIC_MODELS),
+        help="also run meridian-disagg: ThinkComplete KV offloaded to a KV pool over this "
+        "fabric model (rdma: 50 GB/s, 10 us; tcp: 3.1 GB/s, 50 us)",
     )
     sim.add_argument("--export-trace", type=Path, help="also write the workload as a JSONL trace")
     sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -212,6 +225,10 @@ def cap_think(spec: RequestSpec, cap: int) -> RequestSpec:
     return replace(spec, num_think_tokens=cap, think_entropy=entropy, settle_token=settle)
 
 
+def _with_disagg(policies: list[str], disagg: str | None) -> list[str]:
+    return policies if disagg is None else [policies[0], DISAGG, *policies[1:]]
+
+
 def run_sim(args: argparse.Namespace) -> int:
     """Run the A/B (or the sweep), write reports and plots, print a summary table."""
     _check_args(args)
@@ -228,7 +245,8 @@ def run_sim(args: argparse.Namespace) -> int:
         seed=args.seed,
         hardware=args.hardware,
         model=args.model,
-        policies=parse_baselines(args.baseline),
+        policies=_with_disagg(parse_baselines(args.baseline), args.disagg),
+        disagg=args.disagg,
         config=config,
         slo=slo,
         max_num_seqs=args.max_num_seqs,

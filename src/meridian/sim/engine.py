@@ -36,6 +36,7 @@ from meridian.core.blocks import TieredBlockManager
 from meridian.core.router import PhaseRouter, ReasoningModel
 from meridian.core.types import ExitThink, Phase, PhaseEvent, Tier, tier_for_phase
 from meridian.errors import MeridianError
+from meridian.sim.fabric import FabricModel
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
 from meridian.sim.request import RequestSpec
 from meridian.sim.state import SimRequest
@@ -54,7 +55,8 @@ SIM_MODEL = ReasoningModel(
 _REASONING_PROMPT_TAIL = (THINK_START_ID,)
 _CHAT_PROMPT_TAIL = (NO_THINK_ID,)
 
-_ARRIVAL, _STEP_END = 0, 1  # event priorities: arrivals at the same instant come first
+# Event priorities at the same instant: arrivals, finished offloads, then the step's end.
+_ARRIVAL, _OFFLOADED, _STEP_END = 0, 1, 2
 
 
 class SimulationError(MeridianError):
@@ -70,6 +72,7 @@ class EngineConfig:
     kv_bytes_per_token: int = 2
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
+    fabric: FabricModel | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -128,6 +131,10 @@ class SimPolicy:
     def after_think_token(self, req: SimRequest) -> None:
         """``req`` generated a think token; a budget policy may call ``engine.force``."""
 
+    def offloads_think_kv(self) -> bool:
+        """Offload ThinkComplete blocks to the KV pool at ExitThink (needs a fabric)."""
+        return False
+
 
 class Engine:
     """Runs one policy over one workload; :meth:`run` returns a :class:`SimResult`."""
@@ -169,6 +176,9 @@ class Engine:
         self._on_progress = on_progress
         self._num_finished = 0
         self._last_batch = (0, 0)
+        self._heap: list[tuple[int, int, int, SimRequest | None]] = []
+        self._seq = itertools.count()
+        self._ingest_ns = 0
 
     # -- public helpers for policies -------------------------------------------------------------
 
@@ -192,8 +202,12 @@ class Engine:
     def run(self, specs: Sequence[RequestSpec]) -> SimResult:
         """Serve every request of ``specs`` to completion."""
         self.policy.setup(self)
-        heap: list[tuple[int, int, int, SimRequest | None]] = []
-        seq = itertools.count()
+        if self.policy.offloads_think_kv():
+            if self.config.fabric is None:
+                raise SimulationError(f"policy {self.policy.name} offloads KV but has no fabric")
+            self.kv.attach_fabric(self.config.fabric)
+        heap = self._heap
+        seq = self._seq
         requests: list[SimRequest] = []
         max_tokens = self.config.num_kv_blocks * self.config.block_size_tokens
         for spec in specs:
@@ -213,12 +227,15 @@ class Engine:
             if kind == _ARRIVAL:
                 assert payload is not None
                 self._arrive(payload)
+            elif kind == _OFFLOADED:
+                assert payload is not None
+                self._offloaded(payload)
             else:
                 self._finish_step()
                 busy = False
             if not busy and (self.running or self.waiting):
                 # Arrivals at this same instant are queued before the step starts (priority 0).
-                if heap and heap[0][0] == time_ns and heap[0][1] == _ARRIVAL:
+                if heap and heap[0][0] == time_ns and heap[0][1] != _STEP_END:
                     continue
                 duration = self._start_step()
                 heapq.heappush(heap, (time_ns + duration, _STEP_END, next(seq), None))
@@ -296,13 +313,14 @@ class Engine:
         num_prefill = num_decode = kv_read = 0
         for req, n in scheduled:
             req.last_scheduled_step = self.step
-            kv_read += req.num_computed + n
+            kv_read += req.num_computed + n - req.num_offloaded_blocks * cfg.block_size_tokens
             if n == 1 and req.num_computed == req.num_tokens - 1 and req.num_generated:
                 num_decode += 1
             else:
                 num_prefill += n
         shape = BatchShape(num_prefill, num_decode, kv_read, len(scheduled))
-        return max(1, self.step_model.step_time_ns(shape))
+        ingest_ns, self._ingest_ns = self._ingest_ns, 0
+        return max(1, self.step_model.step_time_ns(shape) + ingest_ns)
 
     def _admit(self, scheduled: list[tuple[SimRequest, int]], budget: int) -> int:
         cfg = self.config
@@ -311,7 +329,7 @@ class Engine:
             if req is None:
                 break
             n = min(req.num_tokens - req.num_computed, budget)
-            need = req.blocks_needed(n, cfg.block_size_tokens)
+            need = req.blocks_needed(req.num_computed + n, cfg.block_size_tokens)
             tier = tier_for_phase(req.phase)
             if not self.kv.can_allocate(need, tier):
                 break
@@ -321,6 +339,13 @@ class Engine:
             req.status = SimRequest.RUNNING
             if req.record.preemptions_by_phase:
                 req.readmitted_step = self.step
+            if req.num_offloaded_blocks:
+                fabric = self.config.fabric
+                assert fabric is not None
+                self._ingest_ns += fabric.transfer_ns(
+                    req.num_offloaded_blocks * cfg.block_size_tokens * cfg.kv_bytes_per_token
+                )
+                self.counters.num_ingested_blocks += req.num_offloaded_blocks
             self.running.append(req)
             self.policy.on_admit(req, self.step)
             scheduled.append((req, n))
@@ -342,10 +367,14 @@ class Engine:
         c[phase] = c.get(phase, 0) + 1
         r = req.record.preemptions_by_phase
         r[phase] = r.get(phase, 0) + 1
-        recompute = req.num_computed
+        pooled = req.num_offloaded_blocks * self.config.block_size_tokens
+        recompute = req.num_computed - pooled
         self.counters.num_recomputed_tokens += recompute
         req.record.num_recomputed_tokens += recompute
-        req.num_computed = 0
+        # NOTE: offloaded (ThinkComplete) blocks stay in the pool: on resume the engine pulls
+        # them back (their transfer time is added to the step that re-admits the request) and
+        # starts computing after them instead of recomputing them.
+        req.num_computed = pooled
         req.num_blocks = 0
         req.status = SimRequest.WAITING
         self.running.remove(req)
@@ -400,10 +429,45 @@ class Engine:
             for ev in events:
                 if isinstance(ev, ExitThink):
                     self.kv.demote_think_blocks(req.rid)
+                    if self.policy.offloads_think_kv():
+                        self._start_offload(req)
             req.phase = self.router.phase(req.rid)
             self.policy.on_events(req, events)
         if req.num_answer == req.spec.num_answer_tokens:
             self._complete(req)
+
+    def _start_offload(self, req: SimRequest) -> None:
+        """Push the request's ThinkComplete blocks to the pool; slots free when it lands."""
+        fabric = self.config.fabric
+        assert fabric is not None
+        cfg = self.config
+        blocks = [
+            b
+            for b in self.kv.blocks_for_request(req.rid)
+            if self.kv.block_location(b).tier is Tier.THINK_COMPLETE
+        ]
+        # Only full blocks travel: the last, partly filled block stays local (answer tokens
+        # continue into it), so offloaded blocks always hold exactly block_size tokens each.
+        blocks = blocks[: req.num_computed // cfg.block_size_tokens - req.num_offloaded_blocks]
+        if not blocks:
+            return
+        req.offload_pending = tuple(blocks)
+        req.offload_epoch = sum(req.record.preemptions_by_phase.values())
+        nbytes = len(blocks) * cfg.block_size_tokens * cfg.kv_bytes_per_token
+        done = self.now_ns + fabric.transfer_ns(nbytes)
+        heapq.heappush(self._heap, (done, _OFFLOADED, next(self._seq), req))
+
+    def _offloaded(self, req: SimRequest) -> None:
+        """The pool acknowledged ``req``'s blocks: free their local slots (if still local)."""
+        blocks, req.offload_pending = req.offload_pending, ()
+        epoch = sum(req.record.preemptions_by_phase.values())
+        if req.status != SimRequest.RUNNING or epoch != req.offload_epoch:
+            return  # preempted or finished meanwhile: those blocks were already released
+        for block in blocks:
+            self.kv.offload_block(block)
+        req.num_blocks -= len(blocks)
+        req.num_offloaded_blocks += len(blocks)
+        self.counters.num_offloaded_blocks += len(blocks)
 
     def _complete(self, req: SimRequest) -> None:
         rec = req.record

@@ -258,10 +258,26 @@ class MeridianPolicy(SimPolicy):
         self._forcing.after_think_token(req)
 
 
+class MeridianDisaggPolicy(MeridianPolicy):
+    """Meridian plus offload of ThinkComplete KV to a KV pool at ExitThink (``--disagg``).
+
+    NOTE: this models the design's premise that a request's think-phase KV is cold once its
+    answer starts (the answer is generated from the local, recent KV); the engine frees those
+    slots when the pool acknowledges the transfer and pulls them back instead of recomputing
+    when the request resumes after a preemption.
+    """
+
+    name = "meridian-disagg"
+
+    def offloads_think_kv(self) -> bool:
+        return True
+
+
 PolicyFactory = Callable[[MeridianConfig, int], SimPolicy]
 
 POLICIES: dict[str, PolicyFactory] = {
     "meridian": lambda config, itl_ns: MeridianPolicy(config),
+    "meridian-disagg": lambda config, itl_ns: MeridianDisaggPolicy(config),
     "vllm-fcfs": lambda config, itl_ns: FcfsPolicy(),
     "vllm-priority": lambda config, itl_ns: PriorityPolicy(),
     "static-budget": lambda config, itl_ns: StaticBudgetPolicy(),

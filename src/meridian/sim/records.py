@@ -79,6 +79,8 @@ class RunCounters:
     num_recomputed_tokens: int = 0
     num_deferred_think_rows: int = 0
     num_policy_forces: int = 0
+    num_offloaded_blocks: int = 0
+    num_ingested_blocks: int = 0
 
 
 @dataclass(slots=True)

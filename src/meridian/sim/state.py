@@ -49,6 +49,9 @@ class SimRequest:
     readmitted_step: int | None = None
     probe: EntropyProbe | None = None
     priority: int = 0
+    num_offloaded_blocks: int = 0
+    offload_pending: tuple[int, ...] = ()
+    offload_epoch: int = 0
 
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> SimRequest:
@@ -69,8 +72,10 @@ class SimRequest:
         return self.spec.num_prompt_tokens + self.num_generated
 
     def blocks_needed(self, num_tokens_after: int, block_size: int) -> int:
-        """Blocks to add so that ``num_tokens_after`` tokens of KV fit."""
-        return max(0, -(-num_tokens_after // block_size) - self.num_blocks)
+        """Local blocks to add so that ``num_tokens_after`` tokens of KV fit (blocks offloaded
+        to the KV pool hold their tokens without a local slot)."""
+        total = -(-num_tokens_after // block_size)
+        return max(0, total - self.num_blocks - self.num_offloaded_blocks)
 
     def next_token_id(self) -> int:
         """Generate the next token of the stream (and remember it)."""
