@@ -16,11 +16,11 @@ $(STAMP): requirements.lock pyproject.toml
 	touch $(STAMP)
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 
 typecheck: venv
-	$(BIN)/mypy src
+	$(BIN)/mypy src scripts/gen_docs.py
 
 unit: venv
 	$(BIN)/python -m pytest -q

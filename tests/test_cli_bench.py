@@ -155,3 +155,16 @@ def test_disagg_adds_the_offloading_policy(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["policies"] == ["meridian", "meridian-disagg", "vllm-fcfs"]
     assert "num_offloaded_blocks" in report["summaries"]["meridian-disagg"]
+
+
+def test_metrics_flag_reports_runs_through_the_catalogue(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    args = [*SMALL, "--baseline", "vllm-fcfs", "--no-plots", "--metrics"]
+    assert main([*args, "--out-dir", str(tmp_path)]) == 0
+    text = (tmp_path / "metrics-meridian.prom").read_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    think = families["meridian_request_think_tokens"]
+    count = next(s.value for s in think.samples if s.name.endswith("_count"))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert count == report["summaries"]["meridian"]["think_tokens"]["count"]

@@ -35,6 +35,7 @@ from meridian.config import load_config
 from meridian.errors import MeridianError
 from meridian.sim.fabric import FABRIC_MODELS
 from meridian.sim.presets import HARDWARE, MODELS
+from meridian.sim.records import SimResult
 from meridian.sim.request import RequestSpec
 
 DEFAULT_OUT_DIR = Path("meridian-out") / "sim"
@@ -109,6 +110,12 @@ def register(commands: Any) -> None:
     )
     sim.add_argument("--export-trace", type=Path, help="also write the workload as a JSONL trace")
     sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    sim.add_argument(
+        "--metrics",
+        action="store_true",
+        help="also write each policy's run as Prometheus metrics (metrics-POLICY.prom) through "
+        "Meridian's metric catalogue",
+    )
     sim.set_defaults(handler=run_sim)
 
     real = sub.add_parser(
@@ -225,6 +232,23 @@ def cap_think(spec: RequestSpec, cap: int) -> RequestSpec:
     return replace(spec, num_think_tokens=cap, think_entropy=entropy, settle_token=settle)
 
 
+def _write_metrics(results: dict[str, SimResult], out_dir: Path) -> list[Path]:
+    """Each run reported through the metric catalogue, in Prometheus text format."""
+    from prometheus_client import generate_latest
+
+    from meridian.telemetry.metrics import MeridianMetrics
+    from meridian.telemetry.sim_export import record_sim_result
+
+    paths = []
+    for name, result in results.items():
+        metrics = MeridianMetrics()
+        record_sim_result(metrics, result)
+        path = out_dir / f"metrics-{name}.prom"
+        path.write_bytes(generate_latest(metrics.registry))
+        paths.append(path)
+    return paths
+
+
 def _with_disagg(policies: list[str], disagg: str | None) -> list[str]:
     return policies if disagg is None else [policies[0], DISAGG, *policies[1:]]
 
@@ -290,6 +314,8 @@ def run_sim(args: argparse.Namespace) -> int:
             written += write_ab_report(build_ab_report(report), rate_dir)
         if not args.no_plots:
             written += write_plots(results, rate_dir, slo)
+        if args.metrics:
+            written += _write_metrics(results, rate_dir)
         _print_summary(console, report)
     if len(rates) > 1:
         sweep = build_sweep_report(reports)

@@ -1,0 +1,319 @@
+"""The metric catalogue: every metric Meridian exports, as plain data.
+
+This module is the single source of truth for names, types, help texts, labels, units and
+histogram buckets. :class:`meridian.telemetry.metrics.MeridianMetrics` builds the Prometheus
+collectors from it, the OTLP bridge (:mod:`meridian.telemetry.otel`) builds OpenTelemetry
+instruments from it, the documentation lists it, and ``tests/test_deploy.py`` checks that every
+metric the dashboard and the alert rules query is defined here. It imports no Prometheus code.
+
+Naming (an ADR in the docs records it):
+
+- Prometheus names are ``meridian_<what>[_<base unit>]``; counters end in ``_total``; units are
+  base units (``seconds``, ``bytes``), never milliseconds or megabytes.
+- Each metric also has the design's dotted name (``meridian.queue_depth``), which is the name
+  the OTLP export uses.
+- Label values are enum values lower-cased (``phase="think"``, ``tier="output_critical"``,
+  ``reason="hard_cap"``). Every known label value is pre-initialised, so every series exists at
+  0 from the first scrape: ``increase()`` and ``absent()`` behave, alerts see a baseline.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from meridian.core.types import ForceReason, Phase, Tier
+
+
+class MetricKind(enum.Enum):
+    """The Prometheus metric type."""
+
+    COUNTER = "counter"
+    GAUGE = "gauge"
+    HISTOGRAM = "histogram"
+
+
+class TransferDirection(enum.Enum):
+    """Which way a disaggregation transfer went (label ``direction``)."""
+
+    OFFLOAD = "offload"  # local KV -> pool
+    INGEST = "ingest"  # pool -> local KV
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric of the catalogue.
+
+    Invariants (checked by ``tests/test_telemetry_catalogue.py``): ``name`` is a legal
+    Prometheus name starting with ``meridian_``; counters and only counters end in ``_total``;
+    a ``seconds``/``bytes`` unit appears as the name's suffix (before ``_total``); histograms
+    and only histograms have sorted, positive ``buckets``.
+    """
+
+    name: str
+    kind: MetricKind
+    help: str
+    labels: tuple[str, ...] = ()
+    dotted: str = ""
+    unit: str = ""
+    buckets: tuple[float, ...] | None = None
+
+    @property
+    def family(self) -> str:
+        """The metric family name in the exposition format (counters lose ``_total``)."""
+        if self.kind is MetricKind.COUNTER and self.name.endswith("_total"):
+            return self.name[: -len("_total")]
+        return self.name
+
+
+def phase_label(phase: Phase) -> str:
+    """``Phase.THINK`` -> ``"think"``."""
+    return phase.name.lower()
+
+
+def tier_label(tier: Tier) -> str:
+    """``Tier.OUTPUT_CRITICAL`` -> ``"output_critical"``."""
+    return tier.name.lower()
+
+
+# Label values every series is created with. Fabric names mirror
+# ``meridian.disagg.fabric.KNOWN_FABRICS`` (telemetry sits below disagg, so it cannot import it;
+# a test keeps the two equal). Unknown fabrics and error sites still work: their series appear
+# on first use.
+QUEUE_PHASES: Final = (Phase.THINK, Phase.OUTPUT)
+ROW_PHASES: Final = (Phase.PREFILL, Phase.THINK, Phase.OUTPUT)
+FABRIC_LABELS: Final = ("inprocess", "nixl", "mooncake")
+POLICY_ERROR_SITES: Final = (
+    "schedule",
+    "update_from_output",
+    "free_request",
+    "logits_processor",
+    "kv_connector",
+    "stat_logger",
+)
+
+_TOKENS_BUCKETS: Final = tuple(float(2**k) for k in range(6, 17))  # 64 .. 65536
+_OVERHEAD_BUCKETS: Final = (
+    1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+)  # fmt: skip
+_ITL_BUCKETS: Final = (
+    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0,
+)  # fmt: skip
+_WAIT_BUCKETS: Final = (
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+_TTOT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_TRANSFER_BUCKETS: Final = (
+    1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+
+C, G, H = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
+
+# -- scheduling ---------------------------------------------------------------------------------
+THINK_TOKENS: Final = MetricSpec(
+    "meridian_request_think_tokens", H,
+    "Think tokens a request generated, observed once when its think phase ends.",
+    dotted="meridian.think_tokens", unit="tokens", buckets=_TOKENS_BUCKETS,
+)  # fmt: skip
+BUDGET_FORCES: Final = MetricSpec(
+    "meridian_budget_forces_total", C,
+    "Think phases ended by the budget policy injecting </think>, by reason "
+    "(sum over reason for the total).",
+    ("reason",), "meridian.budget_forces", "requests",
+)  # fmt: skip
+OUTPUT_CRITICAL_EVICTIONS: Final = MetricSpec(
+    "meridian_output_critical_evictions_total", C,
+    "OutputCritical KV blocks lost (evicted, or freed by preempting an answering request): "
+    "each one is a user-visible stall.",
+    (), "meridian.output_critical_evictions", "blocks",
+)  # fmt: skip
+TRACKED_REQUESTS: Final = MetricSpec(
+    "meridian_tracked_requests", G,
+    "Requests the phase router is tracking (should follow running + waiting).",
+    (), "meridian.tracked_requests", "requests",
+)  # fmt: skip
+SCHEDULE_OVERHEAD: Final = MetricSpec(
+    "meridian_schedule_overhead_seconds", H,
+    "Wall time Meridian's policy adds to one scheduler step.",
+    dotted="meridian.schedule_overhead", unit="seconds", buckets=_OVERHEAD_BUCKETS,
+)  # fmt: skip
+QUEUE_DEPTH: Final = MetricSpec(
+    "meridian_queue_depth", G,
+    "Running requests per dual-queue phase (output, think) after the last step.",
+    ("phase",), "meridian.queue_depth", "requests",
+)  # fmt: skip
+BATCH_SIZE: Final = MetricSpec(
+    "meridian_batch_size", G,
+    "Rows scheduled in the last step, by phase.",
+    ("phase",), "meridian.batch_size", "requests",
+)  # fmt: skip
+PREEMPTIONS: Final = MetricSpec(
+    "meridian_preemptions_total", C,
+    "Requests preempted (recompute), by the phase they were in.",
+    ("phase",), "meridian.preemptions", "requests",
+)  # fmt: skip
+VOCAB_FALLBACKS: Final = MetricSpec(
+    "meridian_vocab_fallbacks_total", C,
+    "Entropy computations that fell back to the per-row path (vocab size mismatch).",
+    (), "meridian.vocab_fallbacks", "calls",
+)  # fmt: skip
+POLICY_ERRORS: Final = MetricSpec(
+    "meridian_policy_errors_total", C,
+    "Exceptions caught in Meridian's hooks (the request fell back to stock vLLM behaviour), "
+    "by hook.",
+    ("where",), "meridian.policy_errors", "errors",
+)  # fmt: skip
+
+# -- user-felt latency, split by phase (vLLM's own histograms mix think and answer tokens) ----
+TTFVT: Final = MetricSpec(
+    "meridian_ttfvt_seconds", H,
+    "Time to first visible token: request arrival to the first answer token.",
+    dotted="meridian.ttfvt", unit="seconds", buckets=_WAIT_BUCKETS,
+)  # fmt: skip
+TTOT: Final = MetricSpec(
+    "meridian_ttot_seconds", H,
+    "Time from </think> to the first answer token.",
+    dotted="meridian.ttot", unit="seconds", buckets=_TTOT_BUCKETS,
+)  # fmt: skip
+OUTPUT_ITL: Final = MetricSpec(
+    "meridian_output_itl_seconds", H,
+    "Inter-token latency between consecutive answer tokens (think tokens excluded).",
+    dotted="meridian.output_itl", unit="seconds", buckets=_ITL_BUCKETS,
+)  # fmt: skip
+
+# -- KV tiers -----------------------------------------------------------------------------------
+KV_USED: Final = MetricSpec(
+    "meridian_kv_used_bytes", G,
+    "KV cache bytes held, by tier.",
+    ("tier",), "meridian.kv_used", "bytes",
+)  # fmt: skip
+KV_CAPACITY: Final = MetricSpec(
+    "meridian_kv_capacity_bytes", G,
+    "KV cache capacity in bytes (the denominator of KV usage).",
+    (), "meridian.kv_capacity", "bytes",
+)  # fmt: skip
+KV_EVICTIONS: Final = MetricSpec(
+    "meridian_kv_evicted_blocks_total", C,
+    "KV blocks evicted by the tiered block manager, by tier.",
+    ("tier",), "meridian.kv_evictions", "blocks",
+)  # fmt: skip
+
+# -- disaggregation -----------------------------------------------------------------------------
+OFFLOADED_BLOCKS: Final = MetricSpec(
+    "meridian_disagg_offloaded_blocks_total", C,
+    "ThinkComplete KV blocks the pool acknowledged, by fabric.",
+    ("fabric",), "meridian.disagg.offloaded_blocks", "blocks",
+)  # fmt: skip
+OFFLOADED_BYTES: Final = MetricSpec(
+    "meridian_disagg_offloaded_bytes_total", C,
+    "KV body bytes offloaded to the pool, by fabric.",
+    ("fabric",), "meridian.disagg.offloaded_bytes", "bytes",
+)  # fmt: skip
+INGESTED_BLOCKS: Final = MetricSpec(
+    "meridian_disagg_ingested_blocks_total", C,
+    "KV blocks restored from the pool and verified, by fabric.",
+    ("fabric",), "meridian.disagg.ingested_blocks", "blocks",
+)  # fmt: skip
+INGESTED_BYTES: Final = MetricSpec(
+    "meridian_disagg_ingested_bytes_total", C,
+    "KV body bytes restored from the pool, by fabric.",
+    ("fabric",), "meridian.disagg.ingested_bytes", "bytes",
+)  # fmt: skip
+TRANSFER_SECONDS: Final = MetricSpec(
+    "meridian_disagg_transfer_seconds", H,
+    "Latency of one fabric transfer (a batch push or a pull), by fabric and direction.",
+    ("fabric", "direction"), "meridian.disagg.transfer_latency", "seconds", _TRANSFER_BUCKETS,
+)  # fmt: skip
+OFFLOAD_FALLBACKS: Final = MetricSpec(
+    "meridian_disagg_fallbacks_total", C,
+    "Offloaded KV blocks that could not be restored and were recomputed, by fabric.",
+    ("fabric",), "meridian.disagg.fallbacks", "blocks",
+)  # fmt: skip
+CHECKSUM_FAILURES: Final = MetricSpec(
+    "meridian_disagg_checksum_failures_total", C,
+    "MRDN frames from the pool whose checksum did not match, by fabric.",
+    ("fabric",), "meridian.disagg.checksum_failures", "frames",
+)  # fmt: skip
+
+CATALOGUE: Final[tuple[MetricSpec, ...]] = (
+    THINK_TOKENS,
+    BUDGET_FORCES,
+    OUTPUT_CRITICAL_EVICTIONS,
+    TRACKED_REQUESTS,
+    SCHEDULE_OVERHEAD,
+    QUEUE_DEPTH,
+    BATCH_SIZE,
+    PREEMPTIONS,
+    VOCAB_FALLBACKS,
+    POLICY_ERRORS,
+    TTFVT,
+    TTOT,
+    OUTPUT_ITL,
+    KV_USED,
+    KV_CAPACITY,
+    KV_EVICTIONS,
+    OFFLOADED_BLOCKS,
+    OFFLOADED_BYTES,
+    INGESTED_BLOCKS,
+    INGESTED_BYTES,
+    TRANSFER_SECONDS,
+    OFFLOAD_FALLBACKS,
+    CHECKSUM_FAILURES,
+)
+
+_BY_NAME: Final[Mapping[str, MetricSpec]] = {spec.name: spec for spec in CATALOGUE}
+
+_PHASES_Q: Final = tuple(phase_label(p) for p in QUEUE_PHASES)
+_PHASES_R: Final = tuple(phase_label(p) for p in ROW_PHASES)
+_TIERS: Final = tuple(tier_label(t) for t in Tier)
+_REASONS: Final = tuple(r.value for r in ForceReason)
+_DIRECTIONS: Final = tuple(d.value for d in TransferDirection)
+
+# Pre-initialised label values per metric and label.
+_INITIAL_VALUES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
+    BUDGET_FORCES.name: {"reason": _REASONS},
+    QUEUE_DEPTH.name: {"phase": _PHASES_Q},
+    BATCH_SIZE.name: {"phase": _PHASES_R},
+    PREEMPTIONS.name: {"phase": _PHASES_R},
+    POLICY_ERRORS.name: {"where": POLICY_ERROR_SITES},
+    KV_USED.name: {"tier": _TIERS},
+    KV_EVICTIONS.name: {"tier": _TIERS},
+    OFFLOADED_BLOCKS.name: {"fabric": FABRIC_LABELS},
+    OFFLOADED_BYTES.name: {"fabric": FABRIC_LABELS},
+    INGESTED_BLOCKS.name: {"fabric": FABRIC_LABELS},
+    INGESTED_BYTES.name: {"fabric": FABRIC_LABELS},
+    TRANSFER_SECONDS.name: {"fabric": FABRIC_LABELS, "direction": _DIRECTIONS},
+    OFFLOAD_FALLBACKS.name: {"fabric": FABRIC_LABELS},
+    CHECKSUM_FAILURES.name: {"fabric": FABRIC_LABELS},
+}
+
+
+def by_name(name: str) -> MetricSpec:
+    """The catalogue entry called ``name`` (the Prometheus name, counters with ``_total``).
+
+    >>> by_name("meridian_queue_depth").dotted
+    'meridian.queue_depth'
+    """
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(
+            f"no metric {name!r} in Meridian's catalogue; known: {', '.join(sorted(_BY_NAME))}"
+        ) from None
+
+
+def label_values(spec: MetricSpec, label: str) -> tuple[str, ...]:
+    """The pre-initialised values of ``label`` on ``spec`` (empty for an unknown label)."""
+    return _INITIAL_VALUES.get(spec.name, {}).get(label, ())
+
+
+def initial_label_sets(spec: MetricSpec) -> tuple[tuple[str, ...], ...]:
+    """Every label-value tuple (in ``spec.labels`` order) created at start-up.
+
+    An unlabelled metric has one series, ``()``. A labelled one has the cartesian product of
+    its labels' pre-initialised values.
+    """
+    return tuple(itertools.product(*(label_values(spec, label) for label in spec.labels)))

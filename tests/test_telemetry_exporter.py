@@ -1,0 +1,262 @@
+"""Scrape a live standalone exporter: every catalogue entry with its type and labels; sim export."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from meridian.config import MeridianConfig
+from meridian.core.types import ForceReason, Phase
+from meridian.sim.engine import Engine, EngineConfig
+from meridian.sim.policies import make_policy
+from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
+from meridian.sim.request import RequestKind, RequestSpec
+from meridian.sim.steptime import BatchShape
+from meridian.telemetry import catalogue as cat
+from meridian.telemetry.catalogue import CATALOGUE, MetricKind
+from meridian.telemetry.exporter import (
+    ExporterError,
+    metrics_server,
+    serve_metrics,
+    stop_metrics_server,
+)
+from meridian.telemetry.metrics import MeridianMetrics
+from meridian.telemetry.sim_export import record_sim_result
+
+Families = dict[str, tuple[str, list[Sample]]]
+
+
+def scrape(port: int) -> Families:
+    response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    return {
+        f.name: (f.type, list(f.samples)) for f in text_string_to_metric_families(response.text)
+    }
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[MeridianMetrics, int]]:
+    metrics = MeridianMetrics()
+    server, port = serve_metrics(metrics)
+    try:
+        yield metrics, port
+    finally:
+        stop_metrics_server(server)
+
+
+def value(families: Families, spec: cat.MetricSpec, suffix: str = "", **labels: str) -> float:
+    _type, samples = families[spec.family]
+    name = spec.name + suffix
+    found = [s.value for s in samples if s.name == name and s.labels == labels]
+    assert len(found) == 1, f"{name}{labels}: {found}"
+    return found[0]
+
+
+# -- the scrape test ----------------------------------------------------------------------------
+
+
+def test_every_catalogue_entry_is_scraped_with_type_and_labels(
+    served: tuple[MeridianMetrics, int],
+) -> None:
+    _metrics, port = served
+    families = scrape(port)
+    for spec in CATALOGUE:
+        assert spec.family in families, f"{spec.name} missing from /metrics"
+        kind, samples = families[spec.family]
+        assert kind == spec.kind.value, spec.name
+        main = {
+            MetricKind.COUNTER: {spec.name},
+            MetricKind.GAUGE: {spec.name},
+            MetricKind.HISTOGRAM: {f"{spec.name}_{s}" for s in ("bucket", "count", "sum")},
+        }[spec.kind]
+        assert {s.name for s in samples} == main, spec.name
+        for s in samples:
+            names = set(s.labels) - ({"le"} if s.name.endswith("_bucket") else set())
+            assert names == set(spec.labels), f"{s.name} has labels {sorted(s.labels)}"
+        # Every pre-initialised series is there, at 0, before any event.
+        series = {
+            tuple(s.labels[label] for label in spec.labels): s.value
+            for s in samples
+            if s.name in (spec.name, f"{spec.name}_count")
+        }
+        assert set(series) == set(cat.initial_label_sets(spec)), spec.name
+        assert all(v == 0 for v in series.values())
+        if spec.kind is MetricKind.HISTOGRAM:
+            assert spec.buckets is not None
+            les = {s.labels["le"] for s in samples if s.name.endswith("_bucket")}
+            assert les == {repr(float(b)) for b in spec.buckets} | {"+Inf"}
+
+
+def test_scrape_reflects_events(served: tuple[MeridianMetrics, int]) -> None:
+    metrics, port = served
+    metrics.count_force(ForceReason.HARD_CAP)
+    metrics.set_queue_depth(Phase.THINK, 42)
+    metrics.observe_output_itl(0.012)
+    families = scrape(port)
+    assert value(families, cat.BUDGET_FORCES, reason="hard_cap") == 1
+    assert value(families, cat.QUEUE_DEPTH, phase="think") == 42
+    assert value(families, cat.OUTPUT_ITL, "_bucket", le="0.015") == 1
+    assert value(families, cat.OUTPUT_ITL, "_bucket", le="0.01") == 0
+
+
+def test_exporter_binds_loopback_and_stops() -> None:
+    metrics = MeridianMetrics()
+    with metrics_server(metrics) as port:
+        assert port > 0
+        assert scrape(port)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2.0)
+
+
+def test_exporter_errors_are_clear() -> None:
+    metrics = MeridianMetrics()
+    with pytest.raises(ExporterError, match=r"port must be in \[0, 65535\]; got 70000"):
+        serve_metrics(metrics, port=70000)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        with pytest.raises(ExporterError, match=f"cannot serve metrics on 127.0.0.1:{busy}"):
+            serve_metrics(metrics, port=busy)
+
+
+# -- the simulator reports through the same catalogue -------------------------------------------
+
+
+def record(rid: str, **kw: object) -> RequestRecord:
+    base: dict[str, object] = dict(
+        kind=RequestKind.REASONING,
+        arrival_ns=0,
+        num_prompt_tokens=10,
+        num_think_tokens_requested=100,
+        num_answer_tokens_requested=3,
+    )
+    base.update(kw)
+    return RequestRecord(rid, **base)  # type: ignore[arg-type]
+
+
+def test_record_sim_result_by_hand() -> None:
+    records = [
+        record(
+            "a",
+            arrival_ns=1_000_000_000,
+            think_end_ns=3_000_000_000,
+            first_answer_ns=3_500_000_000,
+            finish_ns=3_540_000_000,
+            num_think_tokens=700,
+            forced_reason=ForceReason.CONVERGED,
+            answer_token_ns=[3_500_000_000, 3_520_000_000, 3_540_000_000],
+        ),
+        record(  # a chat request: no think phase, so no think-token observation
+            "b",
+            kind=RequestKind.CHAT,
+            first_answer_ns=200_000_000,
+            finish_ns=210_000_000,
+            answer_token_ns=[200_000_000, 210_000_000],
+        ),
+        record("c", think_end_ns=5, num_think_tokens=9000, forced_reason=ForceReason.HARD_CAP),
+    ]
+    counters = RunCounters(
+        num_output_critical_evictions=6, preemptions_by_phase={Phase.THINK: 2, Phase.OUTPUT: 1}
+    )
+    sample = TimeSample(0, 50, 20, 9, 4, 3, 6, 2, 5)
+    result = SimResult("meridian", 1000, records, [sample], counters, 4_000_000_000)
+    metrics = MeridianMetrics()
+    record_sim_result(metrics, result, block_size_bytes=1024)
+
+    def get(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert get("meridian_request_think_tokens_count") == 2
+    assert get("meridian_request_think_tokens_sum") == 9700
+    assert get("meridian_budget_forces_total", reason="converged") == 1
+    assert get("meridian_budget_forces_total", reason="hard_cap") == 1
+    assert get("meridian_budget_forces_total", reason="overthinking") == 0
+    assert get("meridian_ttfvt_seconds_count") == 2
+    assert get("meridian_ttfvt_seconds_sum") == pytest.approx(2.5 + 0.2)
+    assert get("meridian_ttot_seconds_sum") == pytest.approx(0.5)
+    assert get("meridian_output_itl_seconds_count") == 3  # 2 gaps for a, 1 for b
+    assert get("meridian_output_itl_seconds_sum") == pytest.approx(0.05)
+    assert get("meridian_preemptions_total", phase="think") == 2
+    assert get("meridian_preemptions_total", phase="output") == 1
+    assert get("meridian_output_critical_evictions_total") == 6
+    assert get("meridian_tracked_requests") == 1  # "c" never finished
+    assert get("meridian_queue_depth", phase="output") == 3
+    assert get("meridian_queue_depth", phase="think") == 6
+    assert get("meridian_batch_size", phase="output") == 2
+    assert get("meridian_batch_size", phase="think") == 5
+    assert get("meridian_kv_capacity_bytes") == 1000 * 1024
+    assert get("meridian_kv_used_bytes", tier="think_active") == 20 * 1024
+    assert get("meridian_kv_used_bytes", tier="output_critical") == 30 * 1024
+    with pytest.raises(ValueError, match="block_size_bytes must be positive"):
+        record_sim_result(metrics, result, block_size_bytes=0)
+
+
+class LinearStepTime:
+    label = "linear"
+
+    def step_time_ns(self, batch: BatchShape) -> int:
+        return 1_000_000 + 10_000 * (batch.num_prefill_tokens + batch.num_decode_seqs)
+
+
+def small_workload(n: int) -> list[RequestSpec]:
+    rng = np.random.default_rng(7)
+    specs = []
+    for i in range(n):
+        think = int(rng.integers(300, 900))
+        settle = think // 3
+        ent = np.full(think, 1.2, dtype=np.float32)
+        ent[:settle] += rng.normal(0, 0.4, settle).astype(np.float32)
+        specs.append(
+            RequestSpec(
+                f"r{i}",
+                i * 20_000_000,
+                int(rng.integers(20, 100)),
+                think,
+                int(rng.integers(10, 60)),
+                RequestKind.REASONING,
+                ent.clip(0.01),
+                settle,
+            )
+        )
+    return specs
+
+
+def test_a_real_sim_run_scraped_matches_its_result() -> None:
+    config = MeridianConfig.model_validate(
+        {"scheduler": {"min_think_tokens": 64, "max_think_tokens": 600}}
+    )
+    engine = Engine(
+        EngineConfig(num_kv_blocks=120, max_num_seqs=16, max_num_batched_tokens=256),
+        LinearStepTime(),
+        make_policy("meridian", config, 50_000_000),
+    )
+    result = engine.run(small_workload(24))
+    metrics = MeridianMetrics()
+    record_sim_result(metrics, result)
+    with metrics_server(metrics) as port:
+        families = scrape(port)
+
+    forced = [r.forced_reason for r in result.records if r.forced_reason is not None]
+    assert forced, "the workload should make the budget policy force some requests"
+    for reason in ForceReason:
+        assert value(families, cat.BUDGET_FORCES, reason=reason.value) == forced.count(reason)
+    thought = [r.num_think_tokens for r in result.records if r.think_end_ns is not None]
+    assert value(families, cat.THINK_TOKENS, "_count") == len(thought) == len(result.records)
+    assert value(families, cat.THINK_TOKENS, "_sum") == sum(thought)
+    num_gaps = sum(max(0, len(r.answer_token_ns) - 1) for r in result.records)
+    assert value(families, cat.OUTPUT_ITL, "_count") == num_gaps
+    for phase in cat.ROW_PHASES:
+        expected = result.counters.preemptions_by_phase.get(phase, 0)
+        assert value(families, cat.PREEMPTIONS, phase=cat.phase_label(phase)) == expected
+    assert value(families, cat.OUTPUT_CRITICAL_EVICTIONS) == (
+        result.counters.num_output_critical_evictions
+    )
+    assert value(families, cat.TRACKED_REQUESTS) == 0  # every request finished
