@@ -170,6 +170,14 @@ ADVICE: dict[str, str] = {
         "slots sooner and lose less work when a push fails mid-batch. At most 4 batches are in "
         "flight."
     ),
+    "disagg.pool_address": (
+        "Point it at the `--listen` address of `meridian kvpool`; keep it on loopback or a "
+        "private network, the pool's control protocol has no authentication."
+    ),
+    "disagg.transfer_timeout_s": (
+        "Raise it for 64 MiB frames over TCP (Mooncake); lower it to fall back to local KV "
+        "sooner when the pool stalls. A timed-out push keeps the block local."
+    ),
     # [telemetry]
     "telemetry.prometheus": (
         "Keep on in production: the alerts and runbooks read these metrics. Turn off only when "

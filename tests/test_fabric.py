@@ -182,8 +182,8 @@ def test_concurrent_pushes_are_all_stored() -> None:
 
 
 @pytest.mark.parametrize("name", ["nixl", "mooncake"])
-def test_make_fabric_says_real_fabrics_are_not_in_this_build(name: str) -> None:
-    with pytest.raises(FabricUnavailable, match=f"'{name}' is not available in this build yet"):
+def test_make_fabric_needs_the_pool_address_for_real_fabrics(name: str) -> None:
+    with pytest.raises(ConfigError, match="needs the address of a running KV pool"):
         make_fabric(name)
 
 

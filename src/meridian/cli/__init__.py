@@ -25,13 +25,24 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     config_cmd.register(commands)
     bench_cmd.register(commands)
+    commands.add_parser(
+        "kvpool",
+        help="run the KV pool process that holds offloaded KV blocks (see: meridian kvpool -h)",
+        add_help=False,
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``meridian`` console script."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["kvpool"]:
+        # The pool owns its arguments (meridian.disagg.kvpool.build_parser).
+        from meridian.disagg import kvpool
+
+        return kvpool.main(args_list[1:])
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     try:
         code: int = args.handler(args)
     except MeridianError as exc:

@@ -186,6 +186,12 @@ class DisaggConfig(_Section):
     enabled: bool = _field(False, "Offload finished-thinking KV at the think->output transition.")
     fabric: FabricName = _field("none", "Transport: nixl, mooncake, inprocess or none.")
     offload_threshold_blocks: PosU32 = _field(4, "Blocks pushed per offload batch.", _U32P)
+    pool_address: str = _field(
+        "127.0.0.1:7470", "HOST:PORT of the KV pool (`meridian kvpool --listen`) for nixl/mooncake."
+    )
+    transfer_timeout_s: PosFloat = _field(
+        10.0, "Seconds a push or pull may take before it fails (the block stays local).", _POS
+    )
 
     @model_validator(mode="after")
     def _fabric_matches(self) -> DisaggConfig:

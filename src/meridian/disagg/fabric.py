@@ -4,9 +4,11 @@ A fabric stores opaque payloads (MRDN frames) under handles it chooses. It does 
 verification is the receiver's job (:func:`meridian.disagg.wire.decode`). Calls are blocking;
 the offload manager runs pushes on worker threads and bounds how many are in flight.
 
-This build ships :class:`InProcessFabric` only (tests, single-process use). ``nixl`` and
-``mooncake`` are names the configuration accepts; :func:`make_fabric` says plainly that they
-are not available yet instead of silently falling back to something else.
+Fabrics: :class:`InProcessFabric` (tests, single-process use) here;
+:class:`~meridian.disagg.nixl_fabric.NixlFabric` and
+:class:`~meridian.disagg.mooncake_fabric.MooncakeFabric`, which talk to a ``meridian kvpool``
+process, in their own modules (imported lazily: their libraries are optional).
+:func:`make_fabric` builds one by name and never falls back silently to another.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Final, Protocol, runtime_checkable
 from meridian.errors import ConfigError, MeridianError
 
 KNOWN_FABRICS: Final = ("inprocess", "nixl", "mooncake")
-_NOT_YET: Final = ("nixl", "mooncake")
+_POOL_FABRICS: Final = ("nixl", "mooncake")
 
 
 class FabricError(MeridianError):
@@ -280,20 +282,43 @@ class InProcessFabric:
             raise FabricUnavailable(f"fabric {self.label} is closed; cannot {operation}")
 
 
-def make_fabric(name: str, *, capacity_bytes: int | None = None) -> Fabric:
+def make_fabric(
+    name: str,
+    *,
+    capacity_bytes: int | None = None,
+    address: str | None = None,
+    timeout_s: float | None = None,
+) -> Fabric:
     """The fabric named ``name`` (the ``disagg.fabric`` setting).
 
-    ``inprocess`` returns an :class:`InProcessFabric`. ``nixl`` and ``mooncake`` raise
-    :class:`FabricUnavailable`: a later increment adds them. Anything else raises ConfigError.
+    ``inprocess`` returns an :class:`InProcessFabric` bounded by ``capacity_bytes``. ``nixl``
+    and ``mooncake`` return a client of the ``meridian kvpool`` process at ``address``
+    (``"127.0.0.1:PORT"``, required; the pool's capacity is set on the pool). They raise
+    :class:`FabricUnavailable` naming the package to install when their library is missing.
+    Anything else raises ConfigError.
     """
     if name == "inprocess":
         return InProcessFabric(capacity_bytes=capacity_bytes)
-    if name in _NOT_YET:
-        raise FabricUnavailable(
-            f"fabric {name!r} is not available in this build yet (a later release adds the "
-            f'{name} transport); set disagg.fabric = "inprocess" for single-process use, or '
-            f"disagg.enabled = false"
-        )
+    if name in _POOL_FABRICS:
+        if address is None:
+            raise ConfigError(
+                f"fabric {name!r} needs the address of a running KV pool (start one with "
+                f"`meridian kvpool --fabric {name} --listen 127.0.0.1:PORT` and pass "
+                f"address='127.0.0.1:PORT')"
+            )
+        if capacity_bytes is not None:
+            raise ConfigError(
+                f"the capacity of a {name} KV pool is set on the pool process "
+                f"(`meridian kvpool --capacity`), not on the producer"
+            )
+        options = {} if timeout_s is None else {"timeout_s": timeout_s}
+        if name == "nixl":
+            from meridian.disagg.nixl_fabric import NixlFabric
+
+            return NixlFabric(address, **options)
+        from meridian.disagg.mooncake_fabric import MooncakeFabric
+
+        return MooncakeFabric(address, **options)
     raise ConfigError(
         f"disagg.fabric must be one of {', '.join(KNOWN_FABRICS)}; got {name!r}"
         + ("" if name != "none" else ' ("none" means no offload: set disagg.enabled = false)')

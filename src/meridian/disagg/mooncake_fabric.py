@@ -1,0 +1,225 @@
+"""The ``mooncake`` fabric: MRDN frames to and from a kvpool over Mooncake's transfer engine.
+
+Both sides run a Mooncake ``TransferEngine`` with the TCP transport in P2P-handshake mode
+(``metadata_server="P2PHANDSHAKE"``: no etcd, no metadata server; each engine answers
+handshakes on its own RPC port). The pool registers its slab; the producer registers a
+staging buffer and moves frames with one-sided transfers into and out of the slot the kvpool
+control plane (:mod:`meridian.disagg.kvpool`) assigned: ``transfer_submit_write`` for a push,
+``batch_transfer_async_read`` for a pull, both polled with ``transfer_check_status`` until
+done or until the operation's deadline. The MRDN frame travels unchanged, header included.
+
+A producer keeps one engine for its lifetime (tearing one down takes up to a second). A
+restarted pool has a new RPC port, hence a new segment name, so the engine's cached
+description of the old pool is never used for the new one.
+
+Loopback only: ``MC_TCP_BIND_ADDRESS`` defaults to ``127.0.0.1`` and ``MC_LOG_LEVEL`` to
+``ERROR``. Install: ``pip install mooncake-transfer-engine-non-cuda==0.3.13.post1`` and
+Debian's ``libibverbs1`` (the engine links it even for TCP); the plain
+``mooncake-transfer-engine`` wheel needs the CUDA driver. ``scripts/install-fabrics.sh`` does it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+
+from meridian.disagg.fabric import FabricError, FabricTimeout, FabricUnavailable
+from meridian.disagg.kvpool import DEFAULT_TIMEOUT_S, PoolFabric, parse_address
+from meridian.disagg.wire import BytesLike
+
+_log = logging.getLogger(__name__)
+
+MOONCAKE_INSTALL_HINT: Final = (
+    "pip install mooncake-transfer-engine-non-cuda==0.3.13.post1 and apt-get install "
+    "libibverbs1 (or run scripts/install-fabrics.sh)"
+)
+ENV_DEFAULTS: Final = {"MC_LOG_LEVEL": "ERROR", "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
+_MIN_STAGING_BYTES: Final = 1 << 20
+_SPIN_POLLS: Final = 64
+_POLL_SLEEP_S: Final = 50e-6
+# transfer_check_status codes
+_DONE: Final = 1
+_IN_PROGRESS: Final = 0
+_TIMED_OUT: Final = -2
+
+
+def load_mooncake() -> Any:
+    """``mooncake.engine``, with the loopback environment defaults applied.
+
+    Raises FabricUnavailable, naming what to install, when the engine cannot be imported.
+    """
+    for name, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    try:
+        return importlib.import_module("mooncake.engine")
+    except ImportError as exc:
+        raise FabricUnavailable(
+            f"fabric 'mooncake' needs Mooncake's transfer engine, which cannot be imported "
+            f"({exc}); install it with: {MOONCAKE_INSTALL_HINT}"
+        ) from exc
+
+
+def start_engine(api: Any, host: str) -> Any:
+    """A TransferEngine on ``host`` with the TCP transport and P2P handshakes."""
+    engine = api.TransferEngine()
+    status = engine.initialize(host, "P2PHANDSHAKE", "tcp", "")
+    if status != 0:
+        raise FabricUnavailable(
+            f"Mooncake's transfer engine failed to start on {host} (initialize returned "
+            f"{status}); see its log above"
+        )
+    return engine
+
+
+class MooncakeProducerPlane:
+    """The producer's Mooncake side: an engine, a staging buffer, transfers to the slab."""
+
+    def __init__(self) -> None:
+        self._api = load_mooncake()
+        self._engine: Any = None
+        self._staging: np.ndarray[Any, np.dtype[np.uint8]] = np.empty(0, np.uint8)
+        self._session: str | None = None
+        self._slab_addr = 0
+        self._slab_bytes = 0
+
+    def attach(self, data_plane: Mapping[str, Any], deadline: float) -> None:
+        """Start the engine (once) and aim it at the pool's session."""
+        session = str(data_plane["session"])
+        if self._engine is None:
+            self._engine = start_engine(self._api, "127.0.0.1")
+        self._session = session
+        self._slab_addr = int(data_plane["slab_addr"])
+        self._slab_bytes = int(data_plane["slab_bytes"])
+
+    def write(self, payload: BytesLike, offset: int, deadline: float) -> None:
+        """Stage ``payload`` and write it to the slab at ``offset``."""
+        source = np.frombuffer(payload, np.uint8)
+        session, remote = self._target(offset, source.nbytes)
+        self._ensure_staging(source.nbytes)
+        np.copyto(self._staging[: source.nbytes], source)
+        address = int(self._staging.ctypes.data)
+        batch = self._engine.transfer_submit_write(session, address, remote, source.nbytes)
+        self._wait(batch, "write", source.nbytes, deadline)
+
+    def read(self, offset: int, num_bytes: int, deadline: float) -> bytes:
+        """Read ``num_bytes`` of the slab at ``offset``."""
+        session, remote = self._target(offset, num_bytes)
+        self._ensure_staging(num_bytes)
+        address = int(self._staging.ctypes.data)
+        batch = self._engine.batch_transfer_async_read(session, [address], [remote], [num_bytes])
+        self._wait(batch, "read", num_bytes, deadline)
+        return self._staging[:num_bytes].tobytes()
+
+    def detach(self) -> None:
+        """Forget the pool's session."""
+        self._session = None
+
+    def close(self) -> None:
+        """Release the staging buffer and the engine."""
+        self.detach()
+        self._unregister_staging()
+        self._engine = None
+
+    def _target(self, offset: int, num_bytes: int) -> tuple[str, int]:
+        if self._session is None or self._engine is None:
+            raise FabricUnavailable("Mooncake: not attached to a kvpool")
+        if offset < 0 or offset + num_bytes > self._slab_bytes:
+            raise FabricError(
+                f"kvpool slot [{offset}, {offset + num_bytes}) lies outside its "
+                f"{self._slab_bytes}-byte slab: the pool and producer disagree"
+            )
+        return self._session, self._slab_addr + offset
+
+    def _ensure_staging(self, num_bytes: int) -> None:
+        if self._staging.nbytes >= num_bytes:
+            return
+        self._unregister_staging()
+        size = max(num_bytes, 2 * self._staging.nbytes, _MIN_STAGING_BYTES)
+        staging = np.empty(size, np.uint8)
+        status = self._engine.register_memory(int(staging.ctypes.data), size)
+        if status != 0:
+            raise FabricUnavailable(
+                f"Mooncake could not register a {size}-byte staging buffer (status {status})"
+            )
+        self._staging = staging
+
+    def _wait(self, batch: int, op: str, num_bytes: int, deadline: float) -> None:
+        if batch <= 0:
+            raise FabricUnavailable(
+                f"Mooncake could not submit a {num_bytes}-byte {op} to the kvpool at "
+                f"{self._session} (returned {batch}): it stopped or is unreachable"
+            )
+        num_polls = 0
+        while (status := self._engine.transfer_check_status(batch)) == _IN_PROGRESS:
+            if time.monotonic() > deadline:
+                raise FabricTimeout(
+                    f"Mooncake {op} of {num_bytes} bytes to the kvpool did not finish in time"
+                )
+            num_polls += 1
+            if num_polls > _SPIN_POLLS:
+                time.sleep(_POLL_SLEEP_S)
+        if status == _TIMED_OUT:
+            raise FabricTimeout(f"Mooncake {op} of {num_bytes} bytes timed out in the engine")
+        if status != _DONE:
+            raise FabricUnavailable(
+                f"Mooncake {op} of {num_bytes} bytes to the kvpool at {self._session} failed "
+                f"(status {status}): it stopped or was killed"
+            )
+
+    def _unregister_staging(self) -> None:
+        if self._staging.nbytes and self._engine is not None:
+            self._engine.unregister_memory(int(self._staging.ctypes.data))
+        self._staging = np.empty(0, np.uint8)
+
+
+class MooncakePoolEndpoint:
+    """The kvpool's Mooncake side: an engine with the slab registered."""
+
+    label: Final = "mooncake"
+    progress_interval_s: Final = 0.05  # the engine runs its own threads; nothing to poll
+
+    def __init__(self, slab: np.ndarray[Any, Any], *, host: str, epoch: str) -> None:
+        self._engine = start_engine(load_mooncake(), host)
+        self._host = host
+        self._slab = slab
+        status = self._engine.register_memory(int(slab.ctypes.data), slab.nbytes)
+        if status != 0:
+            raise FabricUnavailable(
+                f"Mooncake could not register the kvpool's {slab.nbytes}-byte slab "
+                f"(status {status})"
+            )
+
+    def describe(self) -> dict[str, object]:
+        """The engine's session name and where the slab is."""
+        return {
+            "session": f"{self._host}:{self._engine.get_rpc_port()}",
+            "slab_addr": int(self._slab.ctypes.data),
+            "slab_bytes": self._slab.nbytes,
+        }
+
+    def progress(self) -> None:
+        """Nothing to do: the engine progresses on its own threads."""
+
+    def close(self) -> None:
+        """Deregister the slab."""
+        self._engine.unregister_memory(int(self._slab.ctypes.data))
+
+
+class MooncakeFabric(PoolFabric):
+    """Push and pull MRDN frames to a ``meridian kvpool --fabric mooncake`` process over
+    Mooncake's transfer engine (TCP).
+
+    Contract and errors as :class:`~meridian.disagg.nixl_fabric.NixlFabric`: the pool gone or
+    a failed transfer -> FabricUnavailable; over ``timeout_s`` -> FabricTimeout; no room ->
+    PoolFull; a handle the pool does not hold -> UnknownHandle. Thread-safe (serialized).
+    """
+
+    def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        parse_address(address)
+        super().__init__("mooncake", address, MooncakeProducerPlane(), timeout_s=timeout_s)
