@@ -25,6 +25,7 @@ from meridian.disagg.fabric import FabricTimeout, InProcessFabric
 from meridian.disagg.offload import (
     InlineExecutor,
     OffloadManager,
+    OffloadMetrics,
     OffloadState,
 )
 from meridian.disagg.wire import HEADER_SIZE, decode
@@ -102,6 +103,7 @@ class Harness:
         max_inflight: int | None = None,
         capacity_bytes: int | None = None,
         executor: Executor | None = None,
+        metrics: OffloadMetrics | None = None,
     ) -> None:
         config = KvMemoryConfig(block_size_bytes=BLOCK, think_phase_memory_fraction=0.9)
         self.blocks = TieredBlockManager(config, num_blocks * BLOCK)
@@ -120,6 +122,7 @@ class Harness:
             retry_interval_s=1.0,
             executor=self.executor,
             clock=self.clock,
+            metrics=metrics,
         )
 
     def read(self, block_id: int) -> bytes:
@@ -654,3 +657,25 @@ class OffloadMachine(RuleBasedStateMachine):
 
 TestOffloadMachine = OffloadMachine.TestCase
 TestOffloadMachine.settings = settings(max_examples=80, stateful_step_count=50, deadline=None)
+
+
+def test_transfers_are_reported_through_the_metric_catalogue() -> None:
+    from meridian.telemetry.metrics import MeridianMetrics
+
+    metrics = MeridianMetrics()
+    h = Harness(threshold=4, metrics=metrics)
+    ids = h.think("r1", 4)
+    h.exit_think("r1")
+    h.fabric.corrupt(h.manager._pooled[ids[0]].handle, offset=-1)
+    h.manager.ingest_request("r1")
+
+    def value(name: str, **labels: str) -> float:
+        got = metrics.registry.get_sample_value(name, {"fabric": "inprocess", **labels})
+        assert got is not None, name
+        return got
+
+    assert value("meridian_disagg_offloaded_blocks_total") == 4
+    assert value("meridian_disagg_offloaded_bytes_total") == 4 * BLOCK
+    assert value("meridian_disagg_ingested_blocks_total") == 3
+    assert value("meridian_disagg_checksum_failures_total") == 1
+    assert value("meridian_disagg_fallbacks_total") == 1

@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import NoReturn, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, Protocol, TypeVar
 
 from meridian.config.schema import DisaggConfig
 from meridian.core.blocks import (
@@ -75,6 +75,18 @@ class OffloadState(enum.Enum):
     FLOWING = "flowing"
     STALLED = "stalled"  # the in-flight bound is reached: the fabric is slower than demand
     BACKING_OFF = "backing_off"  # a push failed: wait, then probe with one batch
+
+
+class OffloadMetrics(Protocol):
+    """The part of :class:`meridian.telemetry.metrics.MeridianMetrics` the manager reports to."""
+
+    def count_offloaded(self, fabric: str, blocks: int, nbytes: int) -> None: ...
+    def count_ingested(self, fabric: str, blocks: int, nbytes: int) -> None: ...
+    def observe_transfer_seconds(
+        self, fabric: str, seconds: float, direction: Any = ...
+    ) -> None: ...
+    def count_offload_fallback(self, fabric: str, n: int = 1) -> None: ...
+    def count_checksum_failure(self, fabric: str, n: int = 1) -> None: ...
 
 
 @dataclass(slots=True)
@@ -202,7 +214,9 @@ class OffloadManager:
         retry_interval_s: float = 1.0,
         executor: Executor | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: OffloadMetrics | None = None,
     ) -> None:
+        self._metrics = metrics
         if offload_threshold_blocks < 1:
             raise ConfigError(
                 f"disagg.offload_threshold_blocks must be >= 1; got {offload_threshold_blocks}"
@@ -248,6 +262,7 @@ class OffloadManager:
         *,
         read_block: BlockReader,
         write_block: BlockWriter,
+        metrics: OffloadMetrics | None = None,
     ) -> OffloadManager:
         """A manager with ``[disagg]`` settings (the batch size is ``offload_threshold_blocks``)."""
         return cls(
@@ -256,6 +271,7 @@ class OffloadManager:
             read_block=read_block,
             write_block=write_block,
             offload_threshold_blocks=config.offload_threshold_blocks,
+            metrics=metrics,
         )
 
     # -- state ------------------------------------------------------------------------------------
@@ -390,6 +406,8 @@ class OffloadManager:
             else:
                 fallback.append(block_id)
         self._counters.num_fallbacks += len(fallback)
+        if fallback and self._metrics is not None:
+            self._metrics.count_offload_fallback(self._fabric.label, len(fallback))
         if fallback:
             _log.warning(
                 "ingest of request %r over fabric %s: %d of %d blocks could not be restored "
@@ -552,6 +570,14 @@ class OffloadManager:
             counters.num_bytes_offloaded += num_bytes
             num_offloaded += 1
         counters.push_latency_s.extend(result.latencies_s)
+        metrics = self._metrics
+        if metrics is not None:
+            label = self._fabric.label
+            if num_offloaded:
+                offloaded_bytes = sum(batch.num_bytes[: len(result.handles)])
+                metrics.count_offloaded(label, num_offloaded, offloaded_bytes)
+            for seconds in result.latencies_s:
+                metrics.observe_transfer_seconds(label, seconds)
         if result.error is None:
             if batch.is_probe and self._state is OffloadState.BACKING_OFF:
                 self._resume("a probe batch went through")
@@ -610,6 +636,12 @@ class OffloadManager:
             _log.debug("pull of block %d failed: %s", block_id, exc)
             return False
         counters.pull_latency_s.append(time.perf_counter() - start)
+        if self._metrics is not None:
+            from meridian.telemetry.catalogue import TransferDirection
+
+            self._metrics.observe_transfer_seconds(
+                self._fabric.label, counters.pull_latency_s[-1], TransferDirection.INGEST
+            )
         try:
             frame = decode(payload, expected_tier=location.tier)
             if frame.body.nbytes != pooled.num_bytes:
@@ -620,6 +652,8 @@ class OffloadManager:
         except WireError as exc:
             if isinstance(exc, ChecksumMismatch):
                 counters.num_checksum_failures += 1
+                if self._metrics is not None:
+                    self._metrics.count_checksum_failure(self._fabric.label)
             else:
                 counters.num_corrupt_frames += 1
             del self._pooled[block_id]
@@ -636,6 +670,8 @@ class OffloadManager:
         self._discard(pooled.handle)
         counters.num_blocks_ingested += 1
         counters.num_bytes_ingested += pooled.num_bytes
+        if self._metrics is not None:
+            self._metrics.count_ingested(self._fabric.label, 1, pooled.num_bytes)
         return True
 
     def _discard(self, handle: str) -> None:
