@@ -125,3 +125,50 @@ def test_a_missing_library_is_unavailable_with_what_to_install(
     monkeypatch.setattr(fabric_module.importlib, "import_module", missing)
     with pytest.raises(FabricUnavailable, match=f"cannot be imported .*{re.escape(hint)}"):
         getattr(fabric_module, loader)()
+
+
+def test_kvpool_reports_through_the_metric_catalogue() -> None:
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    stop, started, ready = threading.Event(), threading.Event(), []
+
+    def on_ready(address: str) -> None:
+        ready.append(address)
+        started.set()
+
+    worker = threading.Thread(
+        target=run_kvpool,
+        args=("mooncake", "127.0.0.1:0"),
+        kwargs={
+            "capacity_bytes": 1 << 20,
+            "stop": stop,
+            "on_ready": on_ready,
+            "metrics_port": metrics_port,
+        },
+    )
+    worker.start()
+    try:
+        assert started.wait(30)
+        client = PoolClient(ready[0])
+        handle, _ = client.alloc(100)
+        client.commit(handle)
+        client.open(handle)
+        client.close_handle(handle)
+        client.disconnect()
+        text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    finally:
+        stop.set()
+        worker.join(30)
+    samples = {
+        (s.name, s.labels.get("fabric")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("meridian_disagg_offloaded_blocks_total", "mooncake")] == 1
+    assert samples[("meridian_disagg_offloaded_bytes_total", "mooncake")] == 100
+    assert samples[("meridian_disagg_ingested_blocks_total", "mooncake")] == 1
+    assert samples[("meridian_kv_capacity_bytes", None)] == 1 << 20

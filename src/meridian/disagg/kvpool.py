@@ -60,6 +60,7 @@ from typing import Any, Final, Protocol, TypeVar
 
 import numpy as np
 
+from meridian.core.types import Tier
 from meridian.disagg.fabric import (
     FabricError,
     FabricTimeout,
@@ -67,6 +68,7 @@ from meridian.disagg.fabric import (
     PoolFull,
     UnknownHandle,
 )
+from meridian.disagg.offload import OffloadMetrics
 from meridian.disagg.wire import BytesLike
 from meridian.errors import ConfigError, MeridianError
 
@@ -241,9 +243,11 @@ class PoolStore:
         quarantine_s: float = DEFAULT_QUARANTINE_S,
         clock: Callable[[], float] = time.monotonic,
         epoch: str | None = None,
+        metrics: OffloadMetrics | None = None,
     ) -> None:
         if capacity_bytes < 1:
             raise ConfigError(f"kvpool capacity must be >= 1 byte; got {capacity_bytes}")
+        self._metrics = metrics
         if not quarantine_s >= 0:
             raise ConfigError(f"kvpool quarantine_s must be >= 0; got {quarantine_s}")
         self.slab: np.ndarray[Any, np.dtype[np.uint8]] = np.zeros(capacity_bytes, np.uint8)
@@ -282,6 +286,8 @@ class PoolStore:
             if entry is None or entry.state is not EntryState.RESERVED or entry.owner != owner:
                 raise UnknownHandle(f"no reservation {handle!r} of this producer to commit")
             entry.state = EntryState.STORED
+        if self._metrics is not None:
+            self._metrics.count_offloaded(self.label, 1, entry.num_bytes)
 
     def open(self, handle: str, owner: int) -> tuple[int, int]:
         """Pin a stored frame for reading: ``(offset, num_bytes)``; raises UnknownHandle."""
@@ -291,7 +297,9 @@ class PoolStore:
                 raise UnknownHandle(self._explain_unknown(handle))
             entry.num_pins += 1
             self._pins.setdefault(owner, Counter())[handle] += 1
-            return entry.offset, entry.num_bytes
+        if self._metrics is not None:
+            self._metrics.count_ingested(self.label, 1, entry.num_bytes)
+        return entry.offset, entry.num_bytes
 
     def close(self, handle: str, owner: int) -> None:
         """Unpin a frame ``owner`` opened; a no-op for anything else."""
@@ -982,19 +990,31 @@ def run_kvpool(
     fault_injection: bool = False,
     stop: threading.Event | None = None,
     on_ready: Callable[[str], None] | None = None,
+    metrics_port: int | None = None,
 ) -> int:
     """Serve a KV pool until ``stop`` is set or SIGTERM/SIGINT arrives; returns 0.
 
     Logs one line when serving, with the control address (the real port when ``listen`` asks
-    for port 0), and calls ``on_ready(address)``. Raises ConfigError for bad arguments and
-    FabricUnavailable when the fabric's library is missing.
+    for port 0), and calls ``on_ready(address)``. With ``metrics_port`` the pool reports frames
+    stored and read, and its used and total bytes, through Meridian's metric catalogue on
+    ``http://HOST:PORT/metrics`` (the same host as ``listen``). Raises ConfigError for bad
+    arguments and FabricUnavailable when the fabric's library is missing.
     """
     if fabric not in POOL_FABRICS:
         raise ConfigError(
             f"kvpool --fabric must be one of {', '.join(POOL_FABRICS)}; got {fabric!r}"
         )
     host, port = parse_address(listen)
-    store = PoolStore(capacity_bytes, label=fabric, quarantine_s=quarantine_s)
+    metrics = metrics_server = None
+    if metrics_port is not None:
+        from meridian.telemetry.exporter import serve_metrics
+        from meridian.telemetry.metrics import MeridianMetrics
+
+        metrics = MeridianMetrics()
+        metrics.set_kv_capacity_bytes(capacity_bytes)
+        metrics_server, bound = serve_metrics(metrics, host=host, port=metrics_port)
+        _log.info("meridian kvpool: metrics on http://%s:%d/metrics", host, bound)
+    store = PoolStore(capacity_bytes, label=fabric, quarantine_s=quarantine_s, metrics=metrics)
     endpoint: PoolEndpoint = make_pool_endpoint(fabric, store.slab, host=host, epoch=store.epoch)
     stop = stop or threading.Event()
     try:
@@ -1020,7 +1040,13 @@ def run_kvpool(
         while not stop.wait(endpoint.progress_interval_s):
             endpoint.progress()
             store.reclaim()
+            if metrics is not None:
+                metrics.set_kv_used_bytes(Tier.THINK_COMPLETE, store.stats().stored_bytes)
     finally:
+        if metrics_server is not None:
+            from meridian.telemetry.exporter import stop_metrics_server
+
+            stop_metrics_server(metrics_server)
         server.shutdown()
         server.server_close()
         thread.join()
@@ -1080,6 +1106,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"accept test-only fault ops (also {FAULTS_ENV}=1)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        help="serve Prometheus metrics on this port of the --listen host (0: any free port)",
+    )
     return parser
 
 
@@ -1096,6 +1127,7 @@ def main(argv: list[str] | None = None) -> int:
             capacity_bytes=parse_size(args.capacity),
             quarantine_s=args.quarantine_s,
             fault_injection=faults_from_env() if args.fault_injection is None else True,
+            metrics_port=args.metrics_port,
         )
     except MeridianError as exc:
         print(f"meridian kvpool: error: {exc}", file=sys.stderr)
