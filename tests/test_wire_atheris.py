@@ -17,6 +17,7 @@ def test_decoder_survives_coverage_guided_fuzzing(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,  # libFuzzer writes crash-* reproducers into the working directory
     )
     # libFuzzer exits non-zero and prints the crashing input when the target raises anything
     # but a WireError (or a decoded frame does not re-encode to its input).
