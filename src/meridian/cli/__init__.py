@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     config_cmd.register(commands)
     bench_cmd.register(commands)
     commands.add_parser(
+        "serve",
+        help="vLLM's OpenAI server with Meridian (see: meridian serve -h)",
+        add_help=False,
+    )
+    commands.add_parser(
         "kvpool",
         help="run the KV pool process that holds offloaded KV blocks (see: meridian kvpool -h)",
         add_help=False,
@@ -41,6 +46,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meridian.disagg import kvpool
 
         return kvpool.main(args_list[1:])
+    if args_list[:1] == ["serve"]:
+        from meridian.cli import serve_cmd
+
+        try:
+            return serve_cmd.main(args_list[1:])
+        except MeridianError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     parser = build_parser()
     args = parser.parse_args(args_list)
     try:

@@ -140,6 +140,11 @@ def register(commands: Any) -> None:
         help="cap each request's think tokens (and so its max_tokens) for small servers",
     )
     real.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        help="cap each request's prompt length (for servers with a short --max-model-len)",
+    )
+    real.add_argument(
         "--out-dir", type=Path, default=Path("meridian-out") / "real", help="output folder"
     )
     real.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -184,7 +189,12 @@ def run_real_cmd(args: argparse.Namespace) -> int:
     requests = load_requests(spec, args.arrival_rate)
     if args.max_think_tokens is not None:
         requests = [cap_think(r, args.max_think_tokens) for r in requests]
-    console = Console(stderr=True)
+    if args.max_prompt_tokens is not None:
+        if args.max_prompt_tokens < 1:
+            raise MeridianError(f"--max-prompt-tokens must be >= 1; got {args.max_prompt_tokens}")
+        cap = args.max_prompt_tokens
+        requests = [replace(r, num_prompt_tokens=min(r.num_prompt_tokens, cap)) for r in requests]
+    console = _console()
     slo = SloSpec.from_scheduler(config.scheduler)
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -249,6 +259,11 @@ def _write_metrics(results: dict[str, SimResult], out_dir: Path) -> list[Path]:
     return paths
 
 
+def _console() -> Console:
+    """stderr; wide enough for the summary table when it is not a terminal (logs, CI)."""
+    return Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
+
+
 def _with_disagg(policies: list[str], disagg: str | None) -> list[str]:
     return policies if disagg is None else [policies[0], DISAGG, *policies[1:]]
 
@@ -277,7 +292,7 @@ def run_sim(args: argparse.Namespace) -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         step_time_csv=args.step_time_csv,
     )
-    console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
+    console = _console()
     out: Path = args.out_dir
     started = time.perf_counter()
     reports: list[SimReport] = []

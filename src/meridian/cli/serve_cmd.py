@@ -1,0 +1,64 @@
+"""``meridian serve MODEL [--config PATH] [--model-family NAME] [vLLM args...]``.
+
+Starts vLLM's OpenAI server with Meridian's scheduler, logits processor, the model's reasoning
+parser and the config file (see :mod:`meridian.vllm.serve`). Everything after the model that is
+not one of Meridian's own options goes to vLLM unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from meridian.config import load_config
+from meridian.errors import MeridianError
+
+USAGE = "meridian serve MODEL [--config PATH] [--model-family NAME] [vLLM args...]"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Meridian's own options of ``meridian serve``; the rest is vLLM's."""
+    parser = argparse.ArgumentParser(
+        prog="meridian serve",
+        usage=USAGE,
+        allow_abbrev=False,  # vLLM's own flags must never match ours by prefix
+        description=(
+            "Start vLLM's OpenAI-compatible server (python -m vllm.entrypoints.openai."
+            "api_server) with Meridian's phase-aware scheduler and logits processor. Arguments "
+            "Meridian does not know (e.g. --port, --max-model-len) are passed to vLLM."
+        ),
+    )
+    parser.add_argument("model", help="model name or local directory, as vLLM's --model")
+    parser.add_argument("--config", type=Path, help="meridian.toml (default: the usual search)")
+    parser.add_argument(
+        "--model-family",
+        help="reasoning-model family (bundled: deepseek_r1, r1_distill_qwen, qwen3, qwq, "
+        "granite_3_2, or a [model.NAME] table); default: guessed from the model name",
+    )
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """Parse, check that vLLM is importable here, then exec the server (never returns)."""
+    args, vllm_args = build_parser().parse_known_args(list(argv))
+    if vllm_args[:1] == ["--"]:
+        vllm_args = vllm_args[1:]
+    if importlib.util.find_spec("vllm") is None:
+        raise MeridianError(
+            f"vLLM is not installed for {sys.executable}; install it (GPU: pip install "
+            f"'meridian[vllm]'; CPU: make vllm-venv, then run .venv-vllm/bin/meridian serve)"
+        )
+    loaded = load_config(args.config)
+    from meridian.vllm.serve import serve
+
+    serve(
+        args.model,
+        vllm_args,
+        loaded.config,
+        config_path=loaded.source,
+        model_family=args.model_family,
+    )
+    return 0  # not reached: serve() replaces this process

@@ -1,0 +1,201 @@
+"""Per-request think-budget forcing, as a logits processor drives it (pure Python, no torch).
+
+A logits processor sees ``[rows, vocab]`` logits once per step and a live view of each row's
+output tokens. :class:`ThinkForcer` turns that into decisions with the core objects: a
+:class:`~meridian.core.router.PhaseRouter` over the row's own output tokens, an
+:class:`~meridian.core.entropy.EntropyProbe` fed with the row's per-token entropy while it
+thinks, and the :class:`~meridian.core.budget.BudgetPolicy`. The torch side
+(:mod:`meridian.vllm.logits`) only computes entropies and masks rows.
+
+Per step and request, in this order::
+
+    sync(key)                 feed the tokens generated since the last step to the router
+    wants_entropy(key)        THINK, forcing allowed and entropy enabled: compute H of the row
+    observe_entropy(key, h)   ... and account it
+    forced_token(key)         the token id to force now, or None
+
+When the policy fires, the request is marked forced in the router (``ExitThink.forced`` will
+be true) and the ``think_end`` ids are emitted one per step, so a multi-token marker (Granite's
+prose) is forced whole. A request the router already saw leave THINK is never forced.
+
+Keys are the processor's own (e.g. the persistent-batch slot plus a generation counter); a
+request that is preempted and re-added later is started again from its prompt and replays
+its output tokens, so phase and counts are exact, but the entropy history of the tokens before
+the preemption is lost (the probe restarts; documented in docs/vllm.md).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget
+from meridian.core.entropy import EntropyProbe
+from meridian.core.router import PhaseRouter, ReasoningModel
+from meridian.core.types import ForceReason, Phase
+
+__all__ = ["ForceRecord", "ThinkForcer"]
+
+
+@dataclass(frozen=True, slots=True)
+class ForceRecord:
+    """One force decision: which request key, why, and at which think-token count."""
+
+    key: str
+    reason: ForceReason
+    num_think_tokens: int
+    detail: str
+
+
+@dataclass(slots=True)
+class _Row:
+    """One tracked request. ``output`` is a live view that the engine appends to."""
+
+    output: Sequence[int]
+    budget: RequestBudget | None
+    probe: EntropyProbe | None
+    num_seen: int = 0
+    # Remaining think_end ids to emit, one per step, once the policy fired.
+    pending: list[int] = field(default_factory=list)
+
+
+class ThinkForcer:
+    """Decides, per request and step, whether to force ``think_end`` (see module docstring).
+
+    ``on_force`` is called with every decision (metrics); ``records`` keeps the last 256.
+
+    Invariant (``check_integrity``): every tracked key is tracked by the router, and each
+    row's ``num_seen`` equals the router's ``num_generated_tokens`` for it.
+
+    >>> model = ReasoningModel(think_start=(3,), think_end=(4,))
+    >>> forcer = ThinkForcer(model, BudgetPolicy.static(2))
+    >>> out = []
+    >>> forcer.add("r", prompt=[9, 3], output=out, budget=None)
+    >>> forcer.sync("r")
+    <Phase.THINK: 1>
+    >>> forcer.forced_token("r") is None
+    True
+    >>> out += [7, 8]
+    >>> forcer.sync("r"), forcer.forced_token("r")
+    (<Phase.THINK: 1>, 4)
+    """
+
+    def __init__(
+        self,
+        model: ReasoningModel,
+        policy: BudgetPolicy,
+        on_force: Callable[[ForceRecord], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.policy = policy
+        self.on_force = on_force
+        self.router = PhaseRouter()
+        self._rows: dict[str, _Row] = {}
+        # The most recent decisions (bounded: the processor lives as long as the server).
+        self.records: deque[ForceRecord] = deque(maxlen=256)
+        self.num_forced: dict[ForceReason, int] = dict.fromkeys(ForceReason, 0)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def add(
+        self,
+        key: str,
+        *,
+        prompt: Sequence[int],
+        output: Sequence[int],
+        budget: RequestBudget | None,
+    ) -> None:
+        """Track a request entering the batch; ``output`` may already hold tokens (resumed)."""
+        if key in self._rows:
+            self.remove(key)
+        self.router.start(key, self.model, prompt)
+        forcing = budget is None or budget.forcing
+        probe = self.policy.new_probe() if forcing and self.model.has_boundaries else None
+        self._rows[key] = _Row(output=output, budget=budget, probe=probe)
+        self.sync(key)
+
+    def remove(self, key: str) -> None:
+        """Stop tracking ``key`` (finished, aborted or preempted). Unknown keys are ignored."""
+        if self._rows.pop(key, None) is not None:
+            self.router.finish(key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    # -- per step -----------------------------------------------------------------------------
+
+    def sync(self, key: str) -> Phase:
+        """Feed the tokens appended to the request's output since the last call; its phase."""
+        row = self._rows[key]
+        n = len(row.output)
+        if n > row.num_seen:
+            self.router.observe(key, list(row.output[row.num_seen : n]))
+            row.num_seen = n
+        return self.router.phase(key)
+
+    def wants_entropy(self, key: str) -> bool:
+        """True when this step's entropy of the request's row would be used."""
+        row = self._rows[key]
+        return (
+            row.probe is not None
+            and not row.pending
+            and self.router.phase(key) is Phase.THINK
+            and self.router.can_mark_forced(key)
+        )
+
+    def observe_entropy(self, key: str, entropy: float) -> None:
+        """Account the entropy (nats) of the distribution the request samples from now."""
+        probe = self._rows[key].probe
+        if probe is not None:
+            probe.observe(entropy)
+
+    def forced_token(self, key: str) -> int | None:
+        """The token id the request must emit now, or ``None`` to sample freely.
+
+        Calls the budget policy while the request thinks and was not forced yet; once it
+        fires, returns the ``think_end`` ids one per call until the marker is out.
+        """
+        row = self._rows[key]
+        if row.pending:
+            return row.pending.pop(0)
+        router = self.router
+        if router.phase(key) is not Phase.THINK or not router.can_mark_forced(key):
+            return None
+        st = router.state(key)
+        decision: ForceDecision | None = self.policy.decide(
+            st.num_think_tokens, row.probe, row.budget
+        )
+        if decision is None:
+            return None
+        router.mark_forced(key, decision.reason)
+        self.num_forced[decision.reason] += 1
+        record = ForceRecord(key, decision.reason, decision.num_think_tokens, decision.detail)
+        self.records.append(record)
+        if self.on_force is not None:
+            self.on_force(record)
+        # A partly generated multi-token marker is completed, not restarted.
+        ids = self.model.think_end
+        row.pending = list(ids[st.marker_progress :] if st.marker_progress else ids)
+        return row.pending.pop(0)
+
+    def phase(self, key: str) -> Phase:
+        """The request's phase as of the last ``sync``."""
+        return self.router.phase(key)
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant, if any."""
+        self.router.check_integrity()
+        if self.router.tracked_requests != len(self._rows):
+            raise AssertionError(
+                f"router tracks {self.router.tracked_requests} requests, forcer {len(self._rows)}"
+            )
+        for key, row in self._rows.items():
+            generated = self.router.state(key).num_generated_tokens
+            if generated != row.num_seen:
+                raise AssertionError(f"{key!r}: router saw {generated} tokens, row {row.num_seen}")
+            if row.probe is not None:
+                row.probe.check_integrity()

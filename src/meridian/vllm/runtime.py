@@ -1,0 +1,240 @@
+"""What both sides of the integration derive from the engine: config, model family, boundaries.
+
+The scheduler runs in vLLM's engine-core process and the logits processors in the worker
+processes; nothing is shared between them. Each side calls :func:`runtime_from_vllm_config` on
+the ``VllmConfig`` it was built with and arrives at the same :class:`MeridianRuntime`, because
+the inputs are the same: the ``meridian.toml`` named by ``$MERIDIAN_CONFIG`` (else the usual
+search paths), the model family named by ``$MERIDIAN_MODEL`` (else auto-detected) and the
+engine's own tokenizer. Environment variables are inherited by vLLM's spawned processes, which
+is why they, and not Python globals, carry the choice.
+
+Model family (first rule that applies):
+
+1. ``$MERIDIAN_MODEL`` names a bundled family or a ``[model.NAME]`` table: its boundaries must
+   resolve in the tokenizer, else :class:`~meridian.errors.BoundaryError` (the user asked for it).
+2. Otherwise every known family whose ``reasoning_parser`` matches vLLM's
+   ``--reasoning-parser`` is tried, then the generic ``<think>``/``</think>`` pair; the first
+   whose boundaries resolve (configured ids agreeing) wins. The generic pair must be two single
+   tokens of the vocabulary: spelling ``<think>`` out of BPE pieces is not a boundary.
+3. Nothing resolves: a model without reasoning. Every request is single-phase OUTPUT, so
+   Meridian orders nothing and forces nothing; a warning says how to define the boundaries.
+
+Per-request knobs travel in ``SamplingParams.extra_args`` (:func:`parse_request_budget`).
+This module imports neither torch nor vllm at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meridian.config import (
+    BoundaryIds,
+    MeridianConfig,
+    ModelDefinition,
+    load_config,
+    resolve_boundary_ids,
+)
+from meridian.config.boundaries import TokenizerLike
+from meridian.core.budget import RequestBudget
+from meridian.core.router import ReasoningModel
+from meridian.errors import BoundaryError, MeridianError
+
+__all__ = [
+    "ENV_CONFIG",
+    "ENV_MODEL",
+    "GENERIC_THINK_TAGS",
+    "KNOB_FORCING",
+    "KNOB_MAX_THINK_TOKENS",
+    "MeridianRuntime",
+    "RequestArgsError",
+    "parse_request_budget",
+    "resolve_runtime",
+    "runtime_from_vllm_config",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_CONFIG = "MERIDIAN_CONFIG"
+ENV_MODEL = "MERIDIAN_MODEL"
+KNOB_MAX_THINK_TOKENS = "meridian_max_think_tokens"
+KNOB_FORCING = "meridian_forcing"
+_KNOBS = (KNOB_MAX_THINK_TOKENS, KNOB_FORCING)
+_FORCING_VALUES: Mapping[str, bool] = {"on": True, "off": False}
+
+# The auto-detection fallback: <think>/</think> as special tokens, wherever a model has them.
+GENERIC_THINK_TAGS = ModelDefinition(
+    think_start="<think>", think_end="</think>", reasoning_parser="deepseek_r1"
+)
+GENERIC_NAME = "think_tags"
+
+
+class RequestArgsError(MeridianError, ValueError):
+    """A ``meridian_*`` key of ``SamplingParams.extra_args`` is unknown or has a bad value.
+
+    A ``ValueError``, so that vLLM's ``validate_params`` turns it into an HTTP 400 for that
+    request only (offline: an exception from ``LLM.generate``).
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class MeridianRuntime:
+    """The config and the model's reasoning boundaries, as one side of the engine sees them.
+
+    ``boundaries`` is ``None`` for a model without reasoning (``model.has_boundaries`` false).
+    ``reason`` says in words how the model family was chosen (for logs and ``meridian serve``).
+    """
+
+    config: MeridianConfig
+    config_source: Path | None
+    model_name: str
+    model: ReasoningModel
+    boundaries: BoundaryIds | None
+    reason: str
+
+    @property
+    def think_end_ids(self) -> tuple[int, ...]:
+        """The token ids that close the think phase (``()`` without reasoning)."""
+        return self.model.think_end
+
+
+def _vocab(tokenizer: TokenizerLike | None) -> Mapping[str, int]:
+    if tokenizer is None:
+        return {}
+    if isinstance(tokenizer, Mapping):
+        return tokenizer
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    return get_vocab() if callable(get_vocab) else {}
+
+
+def resolve_runtime(
+    tokenizer: TokenizerLike | None,
+    *,
+    config: MeridianConfig | None = None,
+    config_source: Path | None = None,
+    model_name: str | None = None,
+    reasoning_parser: str = "",
+) -> MeridianRuntime:
+    """Pick the model family and resolve its boundaries (rules in the module docstring).
+
+    ``tokenizer`` is a ``{token: id}`` mapping or a tokenizer (``get_vocab``/``encode``);
+    ``None`` when vLLM skips tokenizer init, in which case only configured ids can be used.
+    Raises :class:`~meridian.errors.ConfigError` for an unknown ``model_name`` and
+    :class:`~meridian.errors.BoundaryError` when the named family does not resolve.
+    """
+    cfg = config if config is not None else MeridianConfig()
+    if model_name:
+        definition = cfg.model_definition(model_name)
+        if tokenizer is None:
+            from meridian.config import configured_boundary_ids
+
+            ids = configured_boundary_ids(definition, name=model_name)
+        else:
+            ids = resolve_boundary_ids(definition, tokenizer, name=model_name)
+        return _runtime(cfg, config_source, model_name, definition, ids, f"${ENV_MODEL}")
+
+    vocab = _vocab(tokenizer)
+    candidates = [
+        (name, d)
+        for name, d in cfg.all_models().items()
+        if reasoning_parser and d.reasoning_parser == reasoning_parser
+    ]
+    for name, definition in candidates:
+        try:
+            ids = resolve_boundary_ids(definition, tokenizer if tokenizer is not None else vocab)
+        except BoundaryError:
+            continue
+        reason = f"reasoning parser {reasoning_parser!r}"
+        return _runtime(cfg, config_source, name, definition, ids, reason)
+    tags = GENERIC_THINK_TAGS
+    if tags.think_start in vocab and tags.think_end in vocab:
+        # A plain mapping: no encode() fallback, so BPE pieces of "<think>" never count.
+        ids = resolve_boundary_ids(tags, dict(vocab), name=GENERIC_NAME)
+        reason = "<think>/</think> are single tokens of the vocabulary"
+        return _runtime(cfg, config_source, GENERIC_NAME, tags, ids, reason)
+    logger.warning(
+        "Meridian: no think boundaries found in this model's tokenizer (reasoning parser %r); "
+        "every request is treated as a plain answer stream, so Meridian changes nothing. "
+        "Set $%s to a model family, or define [model.NAME] (think_start, think_end, "
+        "reasoning_parser) in meridian.toml",
+        reasoning_parser,
+        ENV_MODEL,
+    )
+    return MeridianRuntime(
+        cfg, config_source, "none", ReasoningModel.without_reasoning(), None, "no boundaries"
+    )
+
+
+def _runtime(
+    cfg: MeridianConfig,
+    source: Path | None,
+    name: str,
+    definition: ModelDefinition,
+    ids: BoundaryIds,
+    reason: str,
+) -> MeridianRuntime:
+    return MeridianRuntime(
+        cfg, source, name, ReasoningModel.from_boundaries(definition, ids), ids, reason
+    )
+
+
+def runtime_from_vllm_config(vllm_config: Any) -> MeridianRuntime:
+    """The runtime for an engine: config from ``$MERIDIAN_CONFIG``, tokenizer from vLLM.
+
+    Raises :class:`~meridian.errors.ConfigError` / :class:`~meridian.errors.BoundaryError`
+    for a bad config file or an explicitly named family that does not fit the model.
+    """
+    loaded = load_config(os.environ.get(ENV_CONFIG) or None)
+    model_config = vllm_config.model_config
+    tokenizer: Any = None
+    if not getattr(model_config, "skip_tokenizer_init", False):
+        from vllm.tokenizers import (  # type: ignore[import-not-found,unused-ignore]
+            cached_tokenizer_from_config,
+        )
+
+        tokenizer = cached_tokenizer_from_config(model_config)
+    structured = getattr(vllm_config, "structured_outputs_config", None)
+    parser = str(getattr(structured, "reasoning_parser", "") or "")
+    return resolve_runtime(
+        tokenizer,
+        config=loaded.config,
+        config_source=loaded.source,
+        model_name=os.environ.get(ENV_MODEL) or None,
+        reasoning_parser=parser,
+    )
+
+
+def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget | None:
+    """The per-request budget from ``SamplingParams.extra_args``; ``None`` when none is set.
+
+    Keys: ``meridian_max_think_tokens`` (a positive int: replaces the hard cap for this
+    request) and ``meridian_forcing`` (``"on"``/``"off"`` or a bool; ``"off"`` disables every
+    force, hard cap included). Any other ``meridian_*`` key is a typo and an error; keys
+    without the prefix belong to others and are ignored.
+
+    >>> parse_request_budget({"meridian_max_think_tokens": 64})
+    RequestBudget(max_think_tokens=64, forcing=True)
+    """
+    if not extra_args:
+        return None
+    unknown = sorted(k for k in extra_args if k.startswith("meridian_") and k not in _KNOBS)
+    if unknown:
+        raise RequestArgsError(
+            f"extra_args: unknown Meridian key {unknown[0]!r}; known keys: {', '.join(_KNOBS)}"
+        )
+    if not any(k in extra_args for k in _KNOBS):
+        return None
+    cap = extra_args.get(KNOB_MAX_THINK_TOKENS)
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise RequestArgsError(
+            f"extra_args.{KNOB_MAX_THINK_TOKENS} must be a positive integer; got {cap!r}"
+        )
+    raw = extra_args.get(KNOB_FORCING, "on")
+    forcing = raw if isinstance(raw, bool) else _FORCING_VALUES.get(str(raw).lower())
+    if forcing is None:
+        raise RequestArgsError(f'extra_args.{KNOB_FORCING} must be "on" or "off"; got {raw!r}')
+    return RequestBudget(max_think_tokens=cap, forcing=forcing)

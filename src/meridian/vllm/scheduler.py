@@ -1,0 +1,247 @@
+# mypy: disable-error-code="import-not-found", allow-subclassing-any
+"""Meridian's vLLM scheduler: phase-aware order and preemption victims, without forking vLLM.
+
+Select it with ``--scheduler-cls meridian.vllm.scheduler.MeridianScheduler`` (or
+``MeridianAsyncScheduler`` where vLLM schedules asynchronously, the GPU default). The pair
+follows vLLM's own ``DiffusionScheduler``/``DiffusionAsyncScheduler`` pattern: the sync class
+holds all the logic, the async one only mixes in ``AsyncScheduler``.
+
+vLLM's ``Scheduler.schedule()`` serves ``self.running`` in list order and, when a request
+cannot get KV blocks, preempts ``self.running[-1]`` (FCFS policy). Meridian overrides four
+narrow hooks and never copies ``schedule()``:
+
+- ``add_request``: the phase router starts tracking the request; its initial phase comes
+  from the prompt's tail (``<think>`` at the end of the prompt means it starts thinking).
+- ``_update_request_with_output``: every new token goes through the router (phase changes,
+  think/answer counts, answer-token gaps in steps).
+- ``_free_request`` (every finished or aborted request passes there) and ``_preempt_request``
+  (counts preemptions by phase): cleanup, so the tracked-request count returns to zero.
+- ``schedule``: before ``super().schedule()``, ``self.running`` is re-ordered by
+  :class:`~meridian.vllm.policy.RunningOrder`: answer streams first (served first, preempted
+  last), thinking requests after them, the core's first-choice victim last, where vLLM's FCFS
+  preemption takes it; surplus think requests (dual queue) and answer streams that no one
+  could make KV room for are skipped for one step via ``request.next_decode_eligible_step``.
+
+Fail open: an exception in Meridian's code is logged once per hook and error type with its
+context, counted in ``meridian_stats.policy_errors``, and the step runs with vLLM's stock
+order. Only configuration errors found at start-up (a non-FCFS policy, a bad meridian.toml, a
+named model family that does not fit the tokenizer) stop the engine, with a clear message.
+
+The scheduler runs in the engine-core process; it derives everything from the token stream
+and ``$MERIDIAN_CONFIG``/``$MERIDIAN_MODEL`` (:mod:`meridian.vllm.runtime`), never from
+globals shared with the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, ClassVar
+
+from prometheus_client import CollectorRegistry
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from meridian.core.types import Phase
+from meridian.errors import ConfigError
+from meridian.telemetry.metrics import MeridianMetrics
+from meridian.vllm.policy import RunningOrder, SchedulerStats
+from meridian.vllm.runtime import MeridianRuntime, runtime_from_vllm_config
+
+__all__ = [
+    "ENV_OUTPUT_BUDGET_ROWS",
+    "MeridianAsyncScheduler",
+    "MeridianScheduler",
+    "MeridianShadowScheduler",
+]
+
+logger = logging.getLogger(__name__)
+
+# Rows per step that keep answer streams within scheduler.output_tpot_budget_ms. Unset: the
+# whole batch (no deferral). NOTE: a config field belongs in [scheduler]; until then this
+# variable carries it; like $MERIDIAN_CONFIG it reaches the engine-core process.
+ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
+
+
+def _output_budget_from_env() -> int | None:
+    raw = os.environ.get(ENV_OUTPUT_BUDGET_ROWS, "").strip()
+    if not raw:
+        return None
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = 0
+    if rows < 1:
+        raise ConfigError(f"${ENV_OUTPUT_BUDGET_ROWS} must be a positive integer; got {raw!r}")
+    return rows
+
+
+class MeridianScheduler(Scheduler):
+    """vLLM's scheduler with Meridian's phase-aware order (module docstring).
+
+    Contract: Meridian never changes which requests are in ``self.running``, only their order
+    and, for skipped requests, ``next_decode_eligible_step``. Every request added is tracked
+    until it is freed (``meridian_num_tracked`` is 0 when the engine is idle).
+    ``meridian_stats`` holds the counters.
+    """
+
+    #: False in :class:`MeridianShadowScheduler`: track and count, but keep vLLM's order.
+    meridian_reorders: ClassVar[bool] = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.policy != SchedulingPolicy.FCFS:
+            raise ConfigError(
+                f"MeridianScheduler needs --scheduling-policy fcfs; got "
+                f"{self.scheduler_config.policy!r}. Meridian decides the order itself: "
+                "drop --scheduling-policy (fcfs is the default) or use vLLM's own scheduler"
+            )
+        self.meridian: MeridianRuntime = runtime_from_vllm_config(self.vllm_config)
+        # A registry of its own: several engines may live in one process (tests). Under
+        # $PROMETHEUS_MULTIPROC_DIR the values also go to that directory, where the API
+        # server's /metrics collects them (the channel `meridian serve` sets up).
+        self.meridian_metrics = MeridianMetrics(CollectorRegistry())
+        self.meridian_policy = RunningOrder(
+            self.meridian.model,
+            self.meridian.config.scheduler,
+            block_size=self.block_size,
+            capacity=self.max_num_running_reqs,
+            output_budget=_output_budget_from_env(),
+            metrics=self.meridian_metrics,
+        )
+        self._logged_errors: set[tuple[str, str]] = set()
+        logger.info(
+            "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
+            self.meridian.model_name,
+            self.meridian.reason,
+            self.meridian.config_source or "defaults",
+            self.meridian_reorders,
+        )
+
+    @property
+    def meridian_stats(self) -> SchedulerStats:
+        """The counters (preemptions by phase, answer gaps, policy errors, ...)."""
+        return self.meridian_policy.stats
+
+    @property
+    def meridian_num_tracked(self) -> int:
+        """Requests Meridian tracks (0 when the engine is idle)."""
+        return self.meridian_policy.num_tracked
+
+    def meridian_phase(self, request_id: str) -> Phase:
+        """The phase Meridian tracks for a live request."""
+        return self.meridian_policy.phase(request_id)
+
+    # -- vLLM hooks -----------------------------------------------------------------------
+
+    def add_request(self, request: Any) -> None:
+        is_new = request.request_id not in self.requests
+        super().add_request(request)
+        if is_new:
+            try:
+                self.meridian_policy.track(request)
+            except Exception as exc:
+                self._policy_error("add_request", exc, request.request_id)
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if self.meridian_reorders and len(self.running) > 1:
+            start = time.perf_counter()
+            try:
+                free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+                order = self.meridian_policy.order(self.running, self.current_step, free)
+                self.running[:] = order
+            except Exception as exc:
+                self._policy_error("schedule", exc)
+            elapsed = time.perf_counter() - start
+            self.meridian_stats.schedule_overhead_s += elapsed
+            self.meridian_metrics.observe_schedule_overhead(elapsed)
+        self._publish_gauges()
+        stats = self.meridian_stats
+        stats.num_steps += 1
+        start = time.perf_counter()
+        output = super().schedule(*args, **kwargs)
+        stats.stock_schedule_s += time.perf_counter() - start
+        stats.num_scheduled_tokens += int(getattr(output, "total_num_scheduled_tokens", 0))
+        return output
+
+    def _update_request_with_output(
+        self, request: Any, new_token_ids: list[int], *args: Any, **kwargs: Any
+    ) -> tuple[list[int], bool]:
+        new_token_ids, stopped = super()._update_request_with_output(
+            request, new_token_ids, *args, **kwargs
+        )
+        if new_token_ids:
+            try:
+                self.meridian_policy.observe(request, new_token_ids, self.current_step)
+            except Exception as exc:
+                self._policy_error("update_from_output", exc, request.request_id)
+        return new_token_ids, stopped
+
+    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            blocks = -(-request.num_computed_tokens // self.block_size)
+            self.meridian_policy.on_preempt(request.request_id, blocks)
+        except Exception as exc:
+            self._policy_error("preempt_request", exc, request.request_id)
+        super()._preempt_request(request, *args, **kwargs)
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        result = super()._free_request(request, *args, **kwargs)
+        try:
+            self.meridian_policy.untrack(request.request_id)
+        except Exception as exc:
+            self._policy_error("free_request", exc, request.request_id)
+        return result
+
+    def _publish_gauges(self) -> None:
+        """Tracked requests, queue depths and batch sizes by phase, once per step."""
+        try:
+            metrics, policy = self.meridian_metrics, self.meridian_policy
+            metrics.set_tracked_requests(policy.num_tracked)
+            for phase, n in policy.queues.queue_depths().items():
+                metrics.set_queue_depth(phase, n)
+            for phase, n in policy.queues.last_batch_sizes.items():
+                metrics.set_batch_size(phase, n)
+        except Exception as exc:
+            self._policy_error("stat_logger", exc)
+
+    # -- fail open ------------------------------------------------------------------------
+
+    def _policy_error(self, hook: str, exc: Exception, request_id: str | None = None) -> None:
+        self.meridian_stats.policy_errors += 1
+        try:
+            self.meridian_metrics.count_policy_error(hook)
+        except Exception:
+            logger.debug("Meridian: policy error counter failed", exc_info=True)
+        key = (hook, type(exc).__name__)
+        context = f"hook={hook} step={self.current_step} running={len(self.running)}" + (
+            f" request={request_id}" if request_id else ""
+        )
+        if key in self._logged_errors:
+            logger.debug("Meridian policy error again (%s): %s", context, exc)
+            return
+        self._logged_errors.add(key)
+        logger.error(
+            "Meridian policy error (%s); vLLM's stock behaviour applies. Further %s errors "
+            "in %s are counted in policy_errors but not logged.",
+            context,
+            type(exc).__name__,
+            hook,
+            exc_info=exc,
+        )
+
+
+class MeridianAsyncScheduler(MeridianScheduler, AsyncScheduler):
+    """:class:`MeridianScheduler` for vLLM's asynchronous scheduling (the GPU default)."""
+
+
+class MeridianShadowScheduler(MeridianScheduler):
+    """Stock vLLM order with Meridian's tracking and counters: the baseline of comparisons.
+
+    It never touches ``self.running``; it counts preemptions by phase and answer gaps exactly
+    as :class:`MeridianScheduler` does, so an A/B of the two measures the ordering alone.
+    """
+
+    meridian_reorders: ClassVar[bool] = False

