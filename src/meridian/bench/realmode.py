@@ -6,6 +6,10 @@ arrival time (relative to the start of the run). Think tokens arrive as ``reason
 deltas; from their arrival times we measure TTFT, TTFVT, TTOT and output ITL exactly as the
 simulator defines them, and write the same report schema and plots.
 
+With ``replay_think_lengths`` each request carries vLLM's ``thinking_token_budget`` set to its
+think length, so the server's think phases have the workload's lengths (for test models that
+never close ``</think>`` themselves).
+
 NOTE: a streamed delta may carry several tokens (vLLM's ``stream_interval``); each content delta
 counts as one answer-token arrival, so ITL is per delta. Token counts come from the final usage
 chunk when the server sends one (``stream_options.include_usage``).
@@ -71,6 +75,7 @@ class RealRunSpec:
     chat_suffix: str = " /no_think"
     temperature: float = 0.0
     max_concurrency: int = 512
+    replay_think_lengths: bool = False
 
 
 def prompt_for(spec: RequestSpec, suffix: str) -> str:
@@ -111,7 +116,7 @@ async def _one(
     if delay > 0:
         await asyncio.sleep(delay)
     suffix = run.think_suffix if spec.is_reasoning else run.chat_suffix
-    body = {
+    body: dict[str, object] = {
         "model": run.model,
         "messages": [{"role": "user", "content": prompt_for(spec, suffix)}],
         "max_tokens": max_tokens_for(spec),
@@ -119,6 +124,10 @@ async def _one(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if run.replay_think_lengths:
+        # vLLM's own static budget ends each think phase at the workload's length, so a model
+        # that never closes </think> by itself (a random test model) still answers on time.
+        body["thinking_token_budget"] = spec.num_think_tokens
 
     def now_ns() -> int:
         return int((time.perf_counter() - t0) * 1e9)

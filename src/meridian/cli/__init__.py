@@ -55,9 +55,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
     parser = build_parser()
+    extra: list[str] = []
+    if "--" in args_list:  # arguments for a child program (e.g. vLLM in `bench ab-real`)
+        cut = args_list.index("--")
+        args_list, extra = args_list[:cut], args_list[cut + 1 :]
     args = parser.parse_args(args_list)
     try:
-        code: int = args.handler(args)
+        if getattr(args, "takes_extra", False):
+            code: int = args.handler(args, extra)
+        elif extra:
+            parser.error(f"unexpected arguments after --: {' '.join(extra)}")
+        else:
+            code = args.handler(args)
     except MeridianError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

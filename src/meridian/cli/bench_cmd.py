@@ -147,8 +147,44 @@ def register(commands: Any) -> None:
     real.add_argument(
         "--out-dir", type=Path, default=Path("meridian-out") / "real", help="output folder"
     )
+    real.add_argument(
+        "--replay-think-lengths",
+        action="store_true",
+        help="send vLLM's thinking_token_budget = each request's think length (for models that "
+        "never close </think> by themselves, such as random test models)",
+    )
     real.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     real.set_defaults(handler=run_real_cmd)
+
+    ab = sub.add_parser(
+        "ab-real",
+        help="start a stock vLLM server and a Meridian server in turn; same model and workload",
+        description=(
+            "Serve MODEL with stock vLLM ordering, replay the workload, stop; then the same with "
+            "`meridian serve`; write report.json/.md and ab-report.json/.md. Arguments after "
+            "`--` go to both vLLM servers (e.g. -- --max-model-len 2048)."
+        ),
+    )
+    ab.add_argument("--model", required=True, help="model name or local directory")
+    ab.add_argument("--model-family", help="reasoning-model family (default: guessed)")
+    ab.add_argument("--config", type=Path, help="meridian.toml for the Meridian server")
+    ab.add_argument("--workload", default="synthetic", help="bundled workload or JSONL trace")
+    ab.add_argument("--arrival-rate", type=float, default=2.0, help="requests per second (2)")
+    ab.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
+    ab.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    ab.add_argument("--max-think-tokens", type=int, help="cap each request's think tokens")
+    ab.add_argument("--max-prompt-tokens", type=int, help="cap each request's prompt length")
+    ab.add_argument(
+        "--out-dir", type=Path, default=Path("meridian-out") / "ab-real", help="output folder"
+    )
+    ab.add_argument(
+        "--replay-think-lengths",
+        action="store_true",
+        help="send vLLM's thinking_token_budget = each request's think length (for models that "
+        "never close </think> by themselves, such as random test models)",
+    )
+    ab.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    ab.set_defaults(handler=run_ab_real_cmd, takes_extra=True)
 
 
 def _rates(text: str) -> list[float]:
@@ -177,23 +213,10 @@ def run_real_cmd(args: argparse.Namespace) -> int:
     """Replay the workload against a live server and write the report."""
     from meridian.bench.realmode import RealRunSpec, run_real
 
-    if not args.arrival_rate > 0:
-        raise MeridianError(f"--arrival-rate must be > 0; got {args.arrival_rate}")
-    _check_args(
-        argparse.Namespace(**{**vars(args), "max_num_seqs": 1, "max_num_batched_tokens": 1})
-    )
     if not args.url.startswith(("http://", "https://")):
         raise MeridianError(f"--url must start with http:// or https://; got {args.url!r}")
     config = load_config(None).config
-    spec = SimRunSpec(workload=args.workload, duration_s=args.duration_s, seed=args.seed)
-    requests = load_requests(spec, args.arrival_rate)
-    if args.max_think_tokens is not None:
-        requests = [cap_think(r, args.max_think_tokens) for r in requests]
-    if args.max_prompt_tokens is not None:
-        if args.max_prompt_tokens < 1:
-            raise MeridianError(f"--max-prompt-tokens must be >= 1; got {args.max_prompt_tokens}")
-        cap = args.max_prompt_tokens
-        requests = [replace(r, num_prompt_tokens=min(r.num_prompt_tokens, cap)) for r in requests]
+    requests = _real_requests(args)
     console = _console()
     slo = SloSpec.from_scheduler(config.scheduler)
     with Progress(
@@ -205,7 +228,9 @@ def run_real_cmd(args: argparse.Namespace) -> int:
     ) as progress:
         task = progress.add_task(f"{args.label} @ {args.arrival_rate:g} req/s", total=len(requests))
         result, errors = run_real(
-            RealRunSpec(url=args.url, model=args.model),
+            RealRunSpec(
+                url=args.url, model=args.model, replay_think_lengths=args.replay_think_lengths
+            ),
             requests,
             label=args.label,
             on_done=lambda n: progress.update(task, completed=n),
@@ -231,6 +256,73 @@ def run_real_cmd(args: argparse.Namespace) -> int:
         console.print(f"{len(errors)} of {len(requests)} requests failed (reported as unfinished)")
     console.print(f"wrote {len(written)} files under {args.out_dir}/")
     return 1 if len(errors) == len(requests) else 0
+
+
+def _real_requests(args: argparse.Namespace) -> list[RequestSpec]:
+    """The workload of a real-mode run, with the optional think and prompt caps applied."""
+    if not args.arrival_rate > 0:
+        raise MeridianError(f"--arrival-rate must be > 0; got {args.arrival_rate}")
+    _check_args(
+        argparse.Namespace(**{**vars(args), "max_num_seqs": 1, "max_num_batched_tokens": 1})
+    )
+    spec = SimRunSpec(workload=args.workload, duration_s=args.duration_s, seed=args.seed)
+    requests = load_requests(spec, args.arrival_rate)
+    if args.max_think_tokens is not None:
+        if args.max_think_tokens < 1:
+            raise MeridianError(f"--max-think-tokens must be >= 1; got {args.max_think_tokens}")
+        requests = [cap_think(r, args.max_think_tokens) for r in requests]
+    if args.max_prompt_tokens is not None:
+        if args.max_prompt_tokens < 1:
+            raise MeridianError(f"--max-prompt-tokens must be >= 1; got {args.max_prompt_tokens}")
+        cap = args.max_prompt_tokens
+        requests = [replace(r, num_prompt_tokens=min(r.num_prompt_tokens, cap)) for r in requests]
+    return requests
+
+
+def run_ab_real_cmd(args: argparse.Namespace, vllm_args: list[str]) -> int:
+    """Stock vLLM, then Meridian, on the same model and workload; reports and the A/B."""
+    from meridian.bench.abreal import CANDIDATE, STOCK, AbRealSpec, run_side
+
+    loaded = load_config(args.config)
+    requests = _real_requests(args)
+    spec = AbRealSpec(
+        model=args.model,
+        vllm_args=vllm_args,
+        config=loaded.config,
+        config_path=loaded.source,
+        model_family=args.model_family,
+        log_dir=args.out_dir,
+        replay_think_lengths=args.replay_think_lengths,
+    )
+    slo = SloSpec.from_scheduler(loaded.config.scheduler)
+    console = _console()
+    results: dict[str, SimResult] = {}
+    for side in (STOCK, CANDIDATE):
+        console.print(f"{side}: starting the server for {args.model} ...")
+        result, errors = run_side(side, spec, requests)
+        for line in errors[:5]:
+            console.print(f"[red]failed[/red] {side}: {line}")
+        if len(errors) == len(requests):
+            raise MeridianError(f"every request to the {side} server failed: {errors[0]}")
+        results[side] = result
+    report = SimReport(
+        workload=Path(args.workload).name,
+        seed=args.seed,
+        duration_s=args.duration_s,
+        hardware="real",
+        model=Path(args.model).name,
+        slo=slo,
+        policies=[CANDIDATE, STOCK],
+        arrival_rate=args.arrival_rate,
+        summaries={name: summarize(results[name], slo) for name in (CANDIDATE, STOCK)},
+    )
+    written = write_report(report, args.out_dir)
+    written += write_ab_report(build_ab_report(report), args.out_dir)
+    if not args.no_plots:
+        written += write_plots(results, args.out_dir, slo)
+    _print_summary(console, report)
+    console.print(f"wrote {len(written)} files under {args.out_dir}/ (server logs there too)")
+    return 0
 
 
 def cap_think(spec: RequestSpec, cap: int) -> RequestSpec:

@@ -1,0 +1,151 @@
+"""``meridian bench ab-real``: stock vLLM and Meridian, in turn, on the same model and workload.
+
+Each side is a real OpenAI server on 127.0.0.1 started by this process and stopped after its
+run. The stock side is vLLM's own order (through
+:class:`~meridian.vllm.scheduler.MeridianShadowScheduler`, which keeps vLLM's order and only
+counts, so preemptions by phase can be compared) with no logits processor: no forcing. The
+Meridian side is exactly what ``meridian serve`` starts. After each run the server's ``/metrics``
+is scraped for preemptions by phase and OutputCritical evictions.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from meridian.bench.realmode import RealRunSpec, run_real
+from meridian.config.schema import MeridianConfig
+from meridian.core.types import Phase
+from meridian.errors import MeridianError
+from meridian.sim.records import SimResult
+from meridian.sim.request import RequestSpec
+
+STOCK = "vllm-fcfs"
+CANDIDATE = "meridian"
+
+
+@dataclass(frozen=True, slots=True)
+class AbRealSpec:
+    """The model, its family and config, and the vLLM arguments both servers get."""
+
+    model: str
+    vllm_args: Sequence[str] = ()
+    config: MeridianConfig | None = None
+    config_path: Path | None = None
+    model_family: str | None = None
+    startup_timeout_s: float = 300.0
+    log_dir: Path | None = None
+    replay_think_lengths: bool = False
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def server_command(
+    side: str, spec: AbRealSpec, port: int, metrics_dir: Path
+) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of one side's server."""
+    from meridian.vllm import SHADOW_SCHEDULER_CLS
+    from meridian.vllm.serve import build_serve_argv
+
+    args = ["--host", "127.0.0.1", "--port", str(port), *spec.vllm_args]
+    cmd = build_serve_argv(
+        spec.model,
+        args,
+        spec.config,
+        config_path=spec.config_path,
+        model_family=spec.model_family,
+        metrics_dir=metrics_dir,
+    )
+    argv = list(cmd.argv)
+    if side == STOCK:
+        i = argv.index("--scheduler-cls")
+        argv[i + 1] = SHADOW_SCHEDULER_CLS
+        if "--logits-processors" in argv:
+            j = argv.index("--logits-processors")
+            del argv[j : j + 2]
+    return argv, cmd.env
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:
+    start = time.perf_counter()
+    while True:
+        if proc.poll() is not None:
+            raise MeridianError(f"the server exited with {proc.returncode}; see {log}")
+        if time.perf_counter() - start > timeout_s:
+            raise MeridianError(f"the server was not healthy after {timeout_s:g} s; see {log}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+
+
+def scrape_counters(text: str) -> tuple[dict[Phase, int], int]:
+    """Preemptions by phase and OutputCritical evictions from a ``/metrics`` page."""
+    preemptions: dict[Phase, int] = {}
+    evictions = 0
+    phases = {p.name.lower(): p for p in Phase}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "meridian_preemptions_total":
+                phase = phases.get(sample.labels.get("phase", ""))
+                if phase is not None:
+                    preemptions[phase] = preemptions.get(phase, 0) + int(sample.value)
+            elif sample.name == "meridian_output_critical_evictions_total":
+                evictions += int(sample.value)
+    return preemptions, evictions
+
+
+def run_side(
+    side: str, spec: AbRealSpec, requests: Sequence[RequestSpec]
+) -> tuple[SimResult, list[str]]:
+    """Start one side's server, replay ``requests``, scrape its counters, stop it."""
+    port = free_port()
+    log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix="meridian-abreal-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    metrics_dir = Path(tempfile.mkdtemp(prefix=f"meridian-prom-{side}-"))
+    argv, env = server_command(side, spec, port, metrics_dir)
+    log_path = log_dir / f"server-{side}.log"
+    url = f"http://127.0.0.1:{port}"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            argv,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            _wait_healthy(proc, url, spec.startup_timeout_s, log_path)
+            run = RealRunSpec(
+                url=f"{url}/v1", model=spec.model, replay_think_lengths=spec.replay_think_lengths
+            )
+            result, errors = run_real(run, requests, side)
+            preemptions, evictions = scrape_counters(httpx.get(f"{url}/metrics", timeout=10).text)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    result.counters.preemptions_by_phase = preemptions
+    result.counters.num_output_critical_evictions = evictions
+    return result, errors
