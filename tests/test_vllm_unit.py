@@ -485,3 +485,45 @@ def test_order_feeds_the_metric_catalogue() -> None:
     assert sample("meridian_budget_forces_total", {"reason": "hard_cap"}) == 1
     assert sample("meridian_preemptions_total", {"phase": "output"}) == 1
     assert sample("meridian_output_critical_evictions_total") == 3
+
+
+def test_phase_events_and_request_lifetimes_reach_the_tracer() -> None:
+    from meridian.core.types import EnterThink, ExitThink, PhaseEvent
+    from meridian.telemetry.otel import Tracer
+
+    class Recording(Tracer):
+        enabled = True
+
+        def __init__(self) -> None:
+            self.log: list[tuple[str, str]] = []
+
+        def request_started(self, request_id: str) -> None:
+            self.log.append(("start", request_id))
+
+        def phase_event(self, request_id: str, event: PhaseEvent) -> None:
+            self.log.append((type(event).__name__, request_id))
+
+        def request_finished(self, request_id: str) -> None:
+            self.log.append(("finish", request_id))
+
+    order = make_order()
+    tracer = Recording()
+    order.tracer = tracer
+    r = admitted(order, "r", THINK_PROMPT)
+    for step, token in [(1, 7), (2, END), (3, 9)]:
+        r.emit(order, token, step)
+    order.untrack("r")
+    order.untrack("r")  # idempotent: one finish only
+    assert tracer.log == [
+        ("start", "r"),
+        (EnterThink.__name__, "r"),
+        (ExitThink.__name__, "r"),
+        ("finish", "r"),
+    ]
+    # A think phase that ends exactly at the request's cap was forced: ForceBudget comes first.
+    params = type("P", (), {"extra_args": {"meridian_max_think_tokens": 2}})()
+    capped = FakeRequest("c", THINK_PROMPT, sampling_params=params, num_computed_tokens=3)
+    order.track(capped)
+    for step, token in [(4, 7), (5, 7), (6, END)]:
+        capped.emit(order, token, step)
+    assert [name for name, rid in tracer.log if rid == "c"][-2:] == ["ForceBudget", "ExitThink"]

@@ -36,8 +36,9 @@ from meridian.config import SchedulerConfig
 from meridian.core.dual_queue import DualQueueScheduler
 from meridian.core.preemption import RunningRequest, select_preemption_victims
 from meridian.core.router import PhaseRouter, ReasoningModel
-from meridian.core.types import ExitThink, ForceReason, Phase
+from meridian.core.types import ExitThink, ForceBudget, ForceReason, Phase
 from meridian.telemetry.metrics import MeridianMetrics
+from meridian.telemetry.otel import Tracer
 from meridian.vllm.runtime import parse_request_budget
 
 __all__ = ["READMIT_GUARD_STEPS", "RunningOrder", "SchedulerStats"]
@@ -143,6 +144,8 @@ class RunningOrder:
         self.preempt_max_fraction = float(config.preempt_max_fraction)
         self.default_max_think_tokens = int(config.max_think_tokens)
         self.metrics = metrics
+        # OTLP spans and phase events ([telemetry] otlp_enabled); the no-op tracer costs nothing.
+        self.tracer: Tracer = Tracer()
         self.stats = SchedulerStats()
         self._tracked: dict[str, _Tracked] = {}
         # The fast path: while no phase changed, nobody was preempted, no re-admission guard
@@ -168,7 +171,12 @@ class RunningOrder:
     def track(self, request: Any) -> None:
         """Start tracking a new request: initial phase from its prompt's tail."""
         rid = request.request_id
-        self.router.start(rid, self.model, request.prompt_token_ids or ())
+        start_events = self.router.start(rid, self.model, request.prompt_token_ids or ())
+        tracer = self.tracer
+        if tracer.enabled:
+            tracer.request_started(rid)
+            for event in start_events:
+                tracer.phase_event(rid, event)
         params = request.sampling_params
         try:
             budget = parse_request_budget(getattr(params, "extra_args", None))
@@ -188,7 +196,8 @@ class RunningOrder:
 
     def untrack(self, request_id: str) -> None:
         """Forget a finished or aborted request. Unknown ids are ignored."""
-        self.router.finish(request_id)
+        if self.router.finish(request_id) is not None and self.tracer.enabled:
+            self.tracer.request_finished(request_id)
         self.queues.remove(request_id)
         self._queued.discard(request_id)
         self._tracked.pop(request_id, None)
@@ -204,6 +213,8 @@ class RunningOrder:
         for event in router.observe(rid, new_token_ids):
             if isinstance(event, ExitThink):
                 self._on_think_exit(rid, event)
+            if self.tracer.enabled:
+                self.tracer.phase_event(rid, event)
         if st.phase is not phase:
             # PREFILL -> OUTPUT emits no event, but it changes the request's rank.
             self._dirty = True
@@ -227,6 +238,8 @@ class RunningOrder:
         forced = cap is not None and event.think_tokens == cap
         if forced:
             stats.num_forced_inferred[ForceReason.HARD_CAP] += 1
+            if self.tracer.enabled:
+                self.tracer.phase_event(rid, ForceBudget(rid, ForceReason.HARD_CAP))
         if self.metrics is not None:
             self.metrics.observe_think_tokens(event.think_tokens)
             if forced:

@@ -47,6 +47,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from meridian.core.types import Phase
 from meridian.errors import ConfigError
 from meridian.telemetry.metrics import MeridianMetrics
+from meridian.telemetry.otel import make_tracer
 from meridian.vllm.policy import RunningOrder, SchedulerStats
 from meridian.vllm.runtime import MeridianRuntime, runtime_from_vllm_config
 
@@ -112,6 +113,10 @@ class MeridianScheduler(Scheduler):
             metrics=self.meridian_metrics,
         )
         self._logged_errors: set[tuple[str, str]] = set()
+        self.meridian_tracer = make_tracer(
+            self.meridian.config.telemetry, metrics=self.meridian_metrics
+        )
+        self.meridian_policy.tracer = self.meridian_tracer
         logger.info(
             "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
             self.meridian.model_name,
@@ -161,7 +166,13 @@ class MeridianScheduler(Scheduler):
         stats = self.meridian_stats
         stats.num_steps += 1
         start = time.perf_counter()
-        output = super().schedule(*args, **kwargs)
+        if self.meridian_tracer.enabled:
+            with self.meridian_tracer.step_span(
+                self.current_step, num_running=len(self.running), num_waiting=len(self.waiting)
+            ):
+                output = super().schedule(*args, **kwargs)
+        else:
+            output = super().schedule(*args, **kwargs)
         stats.stock_schedule_s += time.perf_counter() - start
         stats.num_scheduled_tokens += int(getattr(output, "total_num_scheduled_tokens", 0))
         return output
