@@ -89,6 +89,11 @@ ADVICE: dict[str, str] = {
         "wait too long); raise it if output ITL spikes every few steps when starving think rows "
         "are served. The default bounds a think request's wait to 8 steps."
     ),
+    "scheduler.output_budget_rows": (
+        "Measure the largest decode batch whose step stays under output_tpot_budget_ms "
+        "(e.g. with bench_vllm_overhead or your own profile) and set it here; leave 0 until "
+        "you have that number. $MERIDIAN_OUTPUT_BUDGET_ROWS overrides it."
+    ),
     "scheduler.preempt_max_fraction": (
         "Caps the work one step can throw away under KV pressure. Lower it if throughput collapses "
         "in bursts of preemptions (recompute storms); raise toward 1.0 only if a step stalls "

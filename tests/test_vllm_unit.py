@@ -527,3 +527,19 @@ def test_phase_events_and_request_lifetimes_reach_the_tracer() -> None:
     for step, token in [(4, 7), (5, 7), (6, END)]:
         capped.emit(order, token, step)
     assert [name for name, rid in tracer.log if rid == "c"][-2:] == ["ForceBudget", "ExitThink"]
+
+
+def test_output_budget_rows_come_from_config_and_the_environment_overrides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("vllm.sampling_params")
+    from meridian.vllm.scheduler import ENV_OUTPUT_BUDGET_ROWS, _output_budget
+
+    monkeypatch.delenv(ENV_OUTPUT_BUDGET_ROWS, raising=False)
+    assert _output_budget(0) is None  # 0: the whole batch, no deferral
+    assert _output_budget(48) == 48
+    monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "16")
+    assert _output_budget(48) == 16
+    monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "lots")
+    with pytest.raises(ConfigError, match="MERIDIAN_OUTPUT_BUDGET_ROWS must be a positive"):
+        _output_budget(48)

@@ -103,6 +103,13 @@ class SchedulerConfig(_Section):
     think_starvation_steps: PosU32 = _field(
         8, "A think request deferred this many consecutive steps is served.", _U32P
     )
+    output_budget_rows: U64 = _field(
+        0,
+        "Rows per step that keep answer streams within output_tpot_budget_ms on your hardware; "
+        "think rows fill up to think_batch_multiplier x this. 0 = the whole batch (no "
+        "deferral). The simulator derives it from its step-time model.",
+        _U64,
+    )
     preempt_max_fraction: UnitOpenClosed = _field(
         0.25, "At most this fraction of the running set is preempted in one step.", _UNIT_OC
     )

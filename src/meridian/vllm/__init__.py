@@ -13,7 +13,8 @@ Use with vLLM (offline ``LLM(...)`` keywords, or the same flags on the OpenAI se
 
 Environment (inherited by vLLM's engine and worker processes): ``MERIDIAN_CONFIG`` (path of
 meridian.toml), ``MERIDIAN_MODEL`` (model family; auto-detected when unset),
-``MERIDIAN_OUTPUT_BUDGET_ROWS`` (rows per step for answer streams; unset: no deferral).
+``MERIDIAN_OUTPUT_BUDGET_ROWS`` (overrides ``[scheduler] output_budget_rows``; 0/unset: no
+deferral).
 """
 
 from __future__ import annotations

@@ -60,16 +60,16 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Rows per step that keep answer streams within scheduler.output_tpot_budget_ms. Unset: the
-# whole batch (no deferral). NOTE: a config field belongs in [scheduler]; until then this
-# variable carries it; like $MERIDIAN_CONFIG it reaches the engine-core process.
+# Rows per step that keep answer streams within scheduler.output_tpot_budget_ms: the config's
+# scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
+# like $MERIDIAN_CONFIG). 0 / unset: the whole batch (no deferral).
 ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
 
 
-def _output_budget_from_env() -> int | None:
+def _output_budget(configured: int) -> int | None:
     raw = os.environ.get(ENV_OUTPUT_BUDGET_ROWS, "").strip()
     if not raw:
-        return None
+        return configured or None
     try:
         rows = int(raw)
     except ValueError:
@@ -109,7 +109,7 @@ class MeridianScheduler(Scheduler):
             self.meridian.config.scheduler,
             block_size=self.block_size,
             capacity=self.max_num_running_reqs,
-            output_budget=_output_budget_from_env(),
+            output_budget=_output_budget(self.meridian.config.scheduler.output_budget_rows),
             metrics=self.meridian_metrics,
         )
         self._logged_errors: set[tuple[str, str]] = set()
