@@ -91,18 +91,6 @@ def max_tokens_for(spec: RequestSpec) -> int:
     return spec.num_think_tokens + spec.num_answer_tokens + (1 if spec.num_think_tokens else 0)
 
 
-def _record(spec: RequestSpec) -> RequestRecord:
-    return RequestRecord(
-        request_id=spec.request_id,
-        kind=spec.kind,
-        arrival_ns=spec.arrival_ns,
-        num_prompt_tokens=spec.num_prompt_tokens,
-        num_think_tokens_requested=spec.num_think_tokens,
-        num_answer_tokens_requested=spec.num_answer_tokens,
-        settle_token=None,
-    )
-
-
 async def _one(
     client: httpx.AsyncClient,
     run: RealRunSpec,
@@ -111,7 +99,7 @@ async def _one(
     sem: asyncio.Semaphore,
     errors: list[str],
 ) -> RequestRecord:
-    rec = _record(spec)
+    rec = RequestRecord.for_spec(spec, settle_token=False)
     delay = t0 + spec.arrival_ns / 1e9 - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)

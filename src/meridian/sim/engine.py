@@ -37,7 +37,7 @@ from meridian.core.router import PhaseRouter, ReasoningModel
 from meridian.core.types import ExitThink, Phase, PhaseEvent, Tier, tier_for_phase
 from meridian.errors import MeridianError
 from meridian.sim.fabric import FabricModel
-from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
+from meridian.sim.records import RunCounters, SimResult, TimeSample
 from meridian.sim.request import RequestSpec
 from meridian.sim.state import SimRequest
 from meridian.sim.steptime import BatchShape, StepTimeModel
@@ -501,16 +501,3 @@ class Engine:
                 batch_think=self._last_batch[1],
             )
         )
-
-
-def new_record(spec: RequestSpec) -> RequestRecord:
-    """An empty record for ``spec``."""
-    return RequestRecord(
-        request_id=spec.request_id,
-        kind=spec.kind,
-        arrival_ns=spec.arrival_ns,
-        num_prompt_tokens=spec.num_prompt_tokens,
-        num_think_tokens_requested=spec.num_think_tokens,
-        num_answer_tokens_requested=spec.num_answer_tokens,
-        settle_token=spec.settle_token,
-    )

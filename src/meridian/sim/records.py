@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meridian.core.types import ForceReason, Phase
-from meridian.sim.request import RequestKind
+from meridian.sim.request import RequestKind, RequestSpec
 
 
 @dataclass(slots=True)
@@ -39,6 +39,20 @@ class RequestRecord:
     answer_token_step: list[int] = field(default_factory=list)
     preemptions_by_phase: dict[Phase, int] = field(default_factory=dict)
     num_recomputed_tokens: int = 0
+
+    @classmethod
+    def for_spec(cls, spec: RequestSpec, *, settle_token: bool = True) -> RequestRecord:
+        """An empty record for ``spec`` (``settle_token=False``: the model's settle point does
+        not apply, e.g. a real server's run)."""
+        return cls(
+            request_id=spec.request_id,
+            kind=spec.kind,
+            arrival_ns=spec.arrival_ns,
+            num_prompt_tokens=spec.num_prompt_tokens,
+            num_think_tokens_requested=spec.num_think_tokens,
+            num_answer_tokens_requested=spec.num_answer_tokens,
+            settle_token=spec.settle_token if settle_token else None,
+        )
 
     @property
     def finished(self) -> bool:

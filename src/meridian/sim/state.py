@@ -56,11 +56,9 @@ class SimRequest:
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> SimRequest:
         """Fresh state for ``spec``."""
-        from meridian.sim.engine import new_record
-
         return cls(
             spec=spec,
-            record=new_record(spec),
+            record=RequestRecord.for_spec(spec),
             rid=spec.request_id,
             think_target=spec.num_think_tokens,
             entropy=spec.think_entropy,
