@@ -28,7 +28,7 @@ GRANITE = ReasoningModel(think_start=(8_001, 8_002, 8_003, 8_004), think_end=(8_
 
 def _batches(model: ReasoningModel, rng: random.Random) -> list[list[list[int]]]:
     """Token batches that never complete think_end; Granite's include partial-marker tokens."""
-    pool = [t for t in range(1_000, 1_100)] + list(model.think_end[:-1]) * 5
+    pool = list(range(1_000, 1_100)) + list(model.think_end[:-1]) * 5
     return [[[rng.choice(pool)] for _ in range(NUM_REQUESTS)] for _ in range(NUM_DISTINCT_BATCHES)]
 
 

@@ -116,9 +116,10 @@ def _vocab_of(tokenizer: TokenizerLike) -> Mapping[str, int] | None:
     return None
 
 
-def _resolve_one(text: str, tokenizer: TokenizerLike, field: str, name: str) -> tuple[int, ...]:
-    vocab = _vocab_of(tokenizer)
-    if vocab is not None and text in vocab:
+def _resolve_one(
+    text: str, vocab: Mapping[str, int], tokenizer: TokenizerLike, field: str, name: str
+) -> tuple[int, ...]:
+    if text in vocab:
         return (int(vocab[text]),)
     if isinstance(tokenizer, EncodingTokenizer):
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -143,8 +144,10 @@ def resolve_boundary_ids(
     >>> resolve_boundary_ids(m, {"<think>": 151667, "</think>": 151668}).think_end
     (151668,)
     """
-    start = _resolve_one(model.think_start, tokenizer, "think_start", name)
-    end = _resolve_one(model.think_end, tokenizer, "think_end", name)
+    # One get_vocab() call: a Hugging Face tokenizer builds a fresh vocab dict on every call.
+    vocab = _vocab_of(tokenizer) or {}
+    start = _resolve_one(model.think_start, vocab, tokenizer, "think_start", name)
+    end = _resolve_one(model.think_end, vocab, tokenizer, "think_end", name)
     for field, got, want in (
         ("think_start_token_ids", start, model.think_start_token_ids),
         ("think_end_token_ids", end, model.think_end_token_ids),
@@ -158,7 +161,6 @@ def resolve_boundary_ids(
         raise BoundaryError(
             f"model.{name}: think_start and think_end resolve to the same ids {list(start)}"
         )
-    vocab = _vocab_of(tokenizer) or {}
     newlines = frozenset(int(vocab[t]) for t in ("\n", "Ċ", "\n\n", "ĊĊ") if t in vocab)
     return BoundaryIds(think_start=start, think_end=end, newline_ids=newlines)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from meridian.config.boundaries import BUNDLED_MODELS
 from meridian.config.schema import MeridianConfig
@@ -101,25 +102,23 @@ def validate_config(raw: dict[str, Any], *, source: str = "<config>") -> Meridia
 _VALUE_ERROR_PREFIX = "Value error, "
 
 
-def format_validation_error(err: Any) -> str:
-    """One pydantic error as ``dotted.path must be ...; got VALUE``."""
-    loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-after", "literal["))]
-    # A union (int | "auto") reports each branch; keep the path, not the branch names.
-    loc = [p for p in loc if p not in ("int", "str", "float", "bool", "constrained-int")]
-    path = ".".join(loc)
+def format_validation_error(err: ErrorDetails) -> str:
+    """One pydantic error as ``dotted.path must be ...; got VALUE``.
+
+    The schema has no union fields (``capacity_bytes`` uses a plain validator), so ``loc`` holds
+    only section, field and table-key names and is the dotted path as it stands.
+    """
+    path = ".".join(str(p) for p in err["loc"])
     kind = err["type"]
-    value = err.get("input")
-    msg = str(err["msg"])
-    if msg.startswith(_VALUE_ERROR_PREFIX):
-        msg = msg[len(_VALUE_ERROR_PREFIX) :]
+    value = err["input"]
+    msg = err["msg"].removeprefix(_VALUE_ERROR_PREFIX)
     if kind == "extra_forbidden":
         return f"{path}: unknown field (check the spelling against meridian.toml.example)"
     if kind == "missing":
         return f"{path}: required field is missing"
     if kind == "value_error" and "; got " in msg:
-        # Cross-field errors already carry their own subject and value.
-        parent = ".".join(loc[:-1]) if loc and loc[-1] in msg.split()[0] else path
-        return f"{parent + '.' if parent else ''}{msg}"
+        # Cross-field (model validator) errors name their field and value; loc is the section.
+        return f"{path}.{msg}" if path else msg
     if kind == "value_error":
         return f"{path} {msg}; got {value!r}"
     return f"{path}: {msg[0].lower() + msg[1:] if msg else msg}; got {value!r}"

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
 from meridian.config.boundaries import BUNDLED_MODELS, ModelDefinition
+from meridian.errors import ConfigError
 
 FabricName = Literal["nixl", "mooncake", "inprocess", "none"]
 AUTO_CAPACITY_FRACTION = 0.85
@@ -175,8 +176,6 @@ class KvMemoryConfig(_Section):
         >>> KvMemoryConfig(capacity_bytes=1 << 20).resolve_capacity_bytes(None)
         1048576
         """
-        from meridian.errors import ConfigError
-
         if self.capacity_bytes != "auto":
             return self.capacity_bytes
         if device_memory_bytes is None or device_memory_bytes <= 0:
@@ -233,8 +232,6 @@ class MeridianConfig(_Section):
 
     def model_definition(self, name: str) -> ModelDefinition:
         """The named model definition (a ``[model.NAME]`` table or a bundled one)."""
-        from meridian.errors import ConfigError
-
         models = self.all_models()
         if name not in models:
             known = ", ".join(sorted(models))

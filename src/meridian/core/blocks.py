@@ -266,8 +266,7 @@ class TieredBlockManager:
 
     def can_evict_for(self, num_blocks: int, *, max_tier: Tier = Tier.OUTPUT_CRITICAL) -> bool:
         """True when evicting tiers up to ``max_tier`` can make ``num_blocks`` slots free."""
-        reclaimable = sum(self._num_local_by_tier[t] for t in _TIERS if t <= max_tier)
-        return self._num_free + reclaimable >= num_blocks
+        return self._num_free + self._num_local_up_to(max_tier) >= num_blocks
 
     def evict_for(
         self, num_blocks: int, *, max_tier: Tier = Tier.OUTPUT_CRITICAL
@@ -286,7 +285,7 @@ class TieredBlockManager:
             raise OutOfBlocksError(
                 f"cannot make {num_blocks} blocks free by evicting tiers up to {max_tier.name}: "
                 f"{self._num_free} of {self._num_blocks} are free and those tiers hold "
-                f"{sum(self._num_local_by_tier[t] for t in _TIERS if t <= max_tier)}; "
+                f"{self._num_local_up_to(max_tier)}; "
                 f"preempt requests or allow a higher max_tier"
             )
         evicted: list[EvictedBlock] = []
@@ -497,6 +496,10 @@ class TieredBlockManager:
             self._num_local_by_tier[Tier.THINK_ACTIVE]
             + self._num_local_by_tier[Tier.THINK_COMPLETE]
         )
+
+    def _num_local_up_to(self, max_tier: Tier) -> int:
+        """Local blocks of every tier up to ``max_tier``: what eviction may reclaim."""
+        return sum(self._num_local_by_tier[: max_tier + 1])
 
     def _new_request(self, request_id: str) -> _RequestBlocks:
         state = _RequestBlocks(0, ({}, {}, {}), ({}, {}, {}))

@@ -33,6 +33,11 @@ from meridian.errors import ConfigError
 __all__ = ["BudgetPolicy", "ForceDecision", "RequestBudget"]
 
 
+def _is_positive_int(value: object) -> bool:
+    """True for an ``int`` >= 1 (``bool`` is an ``int`` subclass but not a token count)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 @dataclass(frozen=True, slots=True)
 class ForceDecision:
     """Force ``</think>`` now: why, at which think-token count, and the numbers behind it."""
@@ -55,7 +60,7 @@ class RequestBudget:
 
     def __post_init__(self) -> None:
         cap = self.max_think_tokens
-        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        if cap is not None and not _is_positive_int(cap):
             raise ValueError(f"max_think_tokens must be a positive integer or None; got {cap!r}")
 
 
@@ -83,11 +88,7 @@ class BudgetPolicy:
     @classmethod
     def static(cls, max_think_tokens: int) -> BudgetPolicy:
         """The vLLM ``thinking_token_budget`` baseline: hard cap only, no floor, no entropy."""
-        if (
-            isinstance(max_think_tokens, bool)
-            or not isinstance(max_think_tokens, int)
-            or max_think_tokens < 1
-        ):
+        if not _is_positive_int(max_think_tokens):
             raise ConfigError(
                 f"static think budget max_think_tokens must be a positive integer; "
                 f"got {max_think_tokens!r}"

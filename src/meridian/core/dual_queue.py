@@ -124,9 +124,7 @@ class DualQueueScheduler:
 
         Raises ``KeyError`` for an unknown id and ``ValueError`` for a backward move.
         """
-        entry = self._entries.get(request_id)
-        if entry is None:
-            raise KeyError(f"request {request_id!r} is not scheduled; add() it first")
+        entry = self._entry(request_id)
         if phase is Phase.COMPLETE:
             self.remove(request_id)
             return
@@ -247,17 +245,17 @@ class DualQueueScheduler:
 
     def deferred_steps(self, request_id: str) -> int:
         """Consecutive steps the request has been deferred so far (0 after it is served)."""
-        entry = self._entries.get(request_id)
-        if entry is None:
-            raise KeyError(f"request {request_id!r} is not scheduled")
-        return entry.num_deferred
+        return self._entry(request_id).num_deferred
 
     def phase_of(self, request_id: str) -> Phase:
         """The phase the request is tracked in."""
+        return self._entry(request_id).phase
+
+    def _entry(self, request_id: str) -> _Entry:
         entry = self._entries.get(request_id)
         if entry is None:
-            raise KeyError(f"request {request_id!r} is not scheduled")
-        return entry.phase
+            raise KeyError(f"request {request_id!r} is not scheduled; add() it first")
+        return entry
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._entries

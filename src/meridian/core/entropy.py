@@ -546,7 +546,7 @@ class EntropyProbe:
     @property
     def converged(self) -> bool:
         """EAT stop rule fired (latched until :meth:`reset`)."""
-        return self._eat.converged_at is not None
+        return self._eat.converged
 
     @property
     def overthinking(self) -> bool:
