@@ -8,9 +8,8 @@ Two pages are generated and never edited by hand:
   with its type, default, range, description and a tuning-advice line from :data:`ADVICE`.
   A field without advice (or advice for a field that no longer exists) is an error, so a new
   config field cannot land without its documentation.
-- ``docs/reference/metrics.md`` from ``meridian.telemetry.catalogue.CATALOGUE``. While that
-  module does not exist, the page says so (a placeholder), and ``--check`` will flag the page as
-  stale as soon as the catalogue lands.
+- ``docs/reference/metrics.md`` from ``meridian.telemetry.catalogue.CATALOGUE``, with the
+  pre-initialised values of each label.
 
 Usage::
 
@@ -24,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import enum
-import importlib
 import re
 import sys
 import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -39,6 +36,7 @@ from pydantic_core import PydanticUndefined
 
 from meridian.config.boundaries import BUNDLED_MODELS, ModelDefinition
 from meridian.config.schema import MeridianConfig
+from meridian.telemetry.catalogue import CATALOGUE, MetricKind, MetricSpec, label_values
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DOCS_DIR = REPO_ROOT / "docs"
@@ -228,25 +226,6 @@ ADVICE: dict[str, str] = {
 
 class GenDocsError(Exception):
     """The pages cannot be generated (e.g. a config field has no tuning advice)."""
-
-
-class MetricSpecLike(Protocol):
-    """What the generator reads of ``meridian.telemetry.catalogue.MetricSpec``."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def kind(self) -> enum.Enum: ...
-    @property
-    def help(self) -> str: ...
-    @property
-    def labels(self) -> tuple[str, ...]: ...
-    @property
-    def dotted(self) -> str: ...
-    @property
-    def unit(self) -> str: ...
-    @property
-    def buckets(self) -> tuple[float, ...] | None: ...
 
 
 # -- Markdown helpers ---------------------------------------------------------------------------
@@ -468,78 +447,26 @@ def _bundled_models() -> list[str]:
 # -- metrics page -------------------------------------------------------------------------------
 
 
-LabelValues = Mapping[tuple[str, str], tuple[str, ...]]
-
-
-def load_catalogue() -> tuple[Sequence[MetricSpecLike], LabelValues] | None:
-    """``CATALOGUE`` of the telemetry package and the pre-initialised values of each
-    ``(metric, label)``, or ``None`` while that module does not exist.
-
-    Only the module's absence is tolerated: an import error inside it is a real failure. The
-    label values come from the module's optional ``label_values(spec, label)``.
-    """
-    try:
-        module = importlib.import_module(CATALOGUE_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name in ("meridian.telemetry", CATALOGUE_MODULE):
-            return None
-        raise
-    catalogue: Sequence[MetricSpecLike] = tuple(module.CATALOGUE)
-    values_of = getattr(module, "label_values", None)
-    values: dict[tuple[str, str], tuple[str, ...]] = {}
-    if callable(values_of):
-        for spec in catalogue:
-            for label in spec.labels:
-                values[(spec.name, label)] = tuple(str(v) for v in values_of(spec, label))
-    return catalogue, values
-
-
-def exposed_series(spec: MetricSpecLike) -> list[str]:
+def exposed_series(spec: MetricSpec) -> list[str]:
     """The series names a scrape of ``/metrics`` shows for one metric."""
-    kind = str(spec.kind.value)
-    if kind == "histogram":
+    if spec.kind is MetricKind.HISTOGRAM:
         return [f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count"]
     return [spec.name]
 
 
-def _placeholder_metrics() -> str:
-    return "\n".join(
-        [
-            GENERATED_NOTICE.format(source=f"{CATALOGUE_MODULE}.CATALOGUE"),
-            "",
-            "# Metric catalogue",
-            "",
-            '!!! warning "Not built yet"',
-            "",
-            f"    The metric catalogue (`{CATALOGUE_MODULE}`) does not exist in this build yet, "
-            "so there is nothing to list. This page is regenerated from it by "
-            "`scripts/gen_docs.py` once it lands; until then the runbooks name the metrics the "
-            "catalogue is being built with.",
-            "",
-            "Naming rules the catalogue follows are in [ADR-0009](../adr/0009-metrics-naming.md).",
-            "",
-        ]
-    )
-
-
-def _labels_line(spec: MetricSpecLike, label_values: LabelValues) -> str:
+def _labels_line(spec: MetricSpec) -> str:
     if not spec.labels:
         return "none"
     parts: list[str] = []
     for label in spec.labels:
-        values = label_values.get((spec.name, label), ())
+        values = label_values(spec, label)
         shown = " (" + ", ".join(f"`{v}`" for v in values) + ")" if values else ""
         parts.append(f"`{label}`{shown}")
     return "; ".join(parts)
 
 
-def render_metrics(
-    catalogue: Sequence[MetricSpecLike] | None, label_values: LabelValues | None = None
-) -> str:
-    """The metric catalogue page (a placeholder when ``catalogue`` is ``None``)."""
-    if catalogue is None:
-        return _placeholder_metrics()
-    label_values = label_values or {}
+def render_metrics(catalogue: Sequence[MetricSpec] = CATALOGUE) -> str:
+    """The metric catalogue page."""
     names = [spec.name for spec in catalogue]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -572,7 +499,7 @@ def render_metrics(
         out += [f"## `{spec.name}` {{#{spec.name}}}", "", md_text(spec.help), ""]
         out.append(f"- Type: {spec.kind.value}")
         out.append(f"- Unit: {spec.unit or '-'}")
-        out.append("- Labels: " + _labels_line(spec, label_values))
+        out.append("- Labels: " + _labels_line(spec))
         if spec.dotted:
             out.append(f"- Design name: `{spec.dotted}`")
         if spec.buckets:
@@ -600,9 +527,7 @@ def render_metrics(
 
 def generate() -> dict[Path, str]:
     """Every generated page, keyed by its path relative to the docs folder."""
-    loaded = load_catalogue()
-    metrics = render_metrics(None) if loaded is None else render_metrics(*loaded)
-    return {CONFIG_PAGE: render_configuration(), METRICS_PAGE: metrics}
+    return {CONFIG_PAGE: render_configuration(), METRICS_PAGE: render_metrics()}
 
 
 def stale_pages(pages: Mapping[Path, str], docs_dir: Path) -> list[tuple[Path, str]]:

@@ -41,6 +41,8 @@ VLLM_ALLOWED = frozenset(
 MERIDIAN_TOKEN = re.compile(r"meridian_[a-z_]+")
 VLLM_TOKEN = re.compile(r"vllm:[a-z_:]+")
 HISTOGRAM_SUFFIX = re.compile(r"_(bucket|sum|count)$")
+CATALOGUED = frozenset(spec.name for spec in CATALOGUE)
+HISTOGRAMS = frozenset(spec.name for spec in CATALOGUE if spec.kind is MetricKind.HISTOGRAM)
 
 
 def dashboard() -> dict[str, Any]:
@@ -92,24 +94,21 @@ def alert_exprs() -> list[str]:
 
 def metric_base(token: str) -> str:
     """A PromQL metric token as a catalogue name (histogram series lose their suffix)."""
-    names = {spec.name for spec in CATALOGUE}
-    if token in names:
+    if token in CATALOGUED:
         return token
     base = HISTOGRAM_SUFFIX.sub("", token)
-    histograms = {s.name for s in CATALOGUE if s.kind is MetricKind.HISTOGRAM}
-    return base if base in histograms else token
+    return base if base in HISTOGRAMS else token
 
 
 @pytest.mark.parametrize("source", ["dashboard", "alerts"])
 def test_every_queried_metric_is_catalogued(source: str) -> None:
     exprs = dashboard_exprs() if source == "dashboard" else alert_exprs()
     assert exprs
-    names = {spec.name for spec in CATALOGUE}
     used: set[str] = set()
     for expr in exprs:
         for token in MERIDIAN_TOKEN.findall(expr):
             base = metric_base(token)
-            assert base in names, f"{source} queries {token}, which is not in the catalogue"
+            assert base in CATALOGUED, f"{source} queries {token}, which is not in the catalogue"
             used.add(base)
         for token in VLLM_TOKEN.findall(expr):
             assert token in VLLM_ALLOWED, f"{source} queries {token}, not a known vLLM metric"
@@ -117,10 +116,9 @@ def test_every_queried_metric_is_catalogued(source: str) -> None:
 
 
 def test_a_loose_parse_would_catch_a_typo() -> None:
-    names = {spec.name for spec in CATALOGUE}
-    assert metric_base("meridian_output_itl_seconds_bucket") in names
-    assert metric_base("meridian_queue_depth_bucket") not in names  # a gauge has no buckets
-    assert metric_base("meridian_budget_force_total") not in names
+    assert metric_base("meridian_output_itl_seconds_bucket") in CATALOGUED
+    assert metric_base("meridian_queue_depth_bucket") not in CATALOGUED  # a gauge has no buckets
+    assert metric_base("meridian_budget_force_total") not in CATALOGUED
 
 
 def test_alert_rules_cover_the_issue() -> None:
