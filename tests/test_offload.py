@@ -506,6 +506,32 @@ def test_acks_for_evicted_or_freed_blocks_are_discarded() -> None:
         h.assert_no_wrong_kv()
 
 
+def test_offloaded_bytes_metric_counts_only_blocks_offloaded_from_a_batch() -> None:
+    from meridian.telemetry.metrics import MeridianMetrics
+
+    metrics = MeridianMetrics()
+    with ThreadPoolExecutor(1) as pool:
+        h = Harness(threshold=4, executor=pool, metrics=metrics)
+        h.fabric.hold_transfers()
+        try:
+            ids = h.think("r1", 4)
+            h.exit_think("r1")  # one batch of 4, held in flight
+            taken = h.blocks.evict_for(h.blocks.num_free_blocks + 2, max_tier=TC)
+            assert {e.block_id for e in taken} == set(ids[2:])  # the tail: acks go stale
+            for block_id in ids[2:]:
+                del h.truth[block_id]
+        finally:
+            h.fabric.release_transfers()
+        assert h.manager.drain(timeout_s=5.0)
+    counters = h.manager.counters
+    assert (counters.num_blocks_offloaded, counters.num_stale_acks) == (2, 2)
+    labels = {"fabric": "inprocess"}
+    get = metrics.registry.get_sample_value
+    assert get("meridian_disagg_offloaded_blocks_total", labels) == 2
+    assert get("meridian_disagg_offloaded_bytes_total", labels) == 2 * BLOCK
+    h.assert_no_wrong_kv()
+
+
 def test_forget_request_releases_pooled_frames() -> None:
     h = Harness(threshold=2)
     h.think("r1", 4)

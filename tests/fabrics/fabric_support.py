@@ -233,6 +233,14 @@ class KvHarness:
     def close(self) -> None:
         self.manager.close(timeout_s=10)
 
+    def __enter__(self) -> KvHarness:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Stop the manager, then close its fabric."""
+        self.close()
+        self.fabric.close()
+
 
 def fabric_for(pool: PoolProcess, *, timeout_s: float = 10.0) -> Fabric:
     return make_fabric(pool.fabric, address=pool.address, timeout_s=timeout_s)

@@ -40,8 +40,7 @@ def test_pool_killed_mid_push_keeps_blocks_local_and_offload_resumes_after_resta
     fabric_name: str, start_pool: StartPool
 ) -> None:
     pool = start_pool(fabric_name)
-    h = KvHarness(fabric_for(pool), threshold=4)
-    try:
+    with KvHarness(fabric_for(pool), threshold=4) as h:
         ids = h.think("r1", 4)
         control = pool.control()
         # The pool stores the first frame's bytes, then hangs before acknowledging it ...
@@ -64,17 +63,13 @@ def test_pool_killed_mid_push_keeps_blocks_local_and_offload_resumes_after_resta
         assert not result.needs_recompute
         h.assert_no_wrong_kv()
         assert all(h.device[b] == h.truth[b] for b in ids)
-    finally:
-        h.close()
-        h.fabric.close()
 
 
 def test_pool_killed_with_frames_pooled_falls_back_to_recompute_and_producer_recovers(
     fabric_name: str, start_pool: StartPool
 ) -> None:
     pool = start_pool(fabric_name)
-    h = KvHarness(fabric_for(pool), threshold=4)
-    try:
+    with KvHarness(fabric_for(pool), threshold=4) as h:
         lost = h.think("lost", 3)
         h.offload("lost")
         assert h.residency(lost) == [Residency.OFFLOADED] * 3
@@ -100,17 +95,13 @@ def test_pool_killed_with_frames_pooled_falls_back_to_recompute_and_producer_rec
         assert not h.manager.ingest_request("fresh").needs_recompute
         assert all(h.device[b] == h.truth[b] for b in fresh)
         h.assert_no_wrong_kv()
-    finally:
-        h.close()
-        h.fabric.close()
 
 
 def test_corrupted_frames_in_the_pool_are_caught_and_recomputed(
     fabric_name: str, start_pool: StartPool
 ) -> None:
     pool = start_pool(fabric_name)
-    h = KvHarness(fabric_for(pool), threshold=4)
-    try:
+    with KvHarness(fabric_for(pool), threshold=4) as h:
         ids = h.think("r1", 4)
         h.offload("r1")
         control = pool.control()
@@ -125,9 +116,6 @@ def test_corrupted_frames_in_the_pool_are_caught_and_recomputed(
         assert h.device[ids[1]] != h.truth[ids[1]]  # the corrupt KV was never written
         h.assert_no_wrong_kv()
         assert control.stats().num_frames == 0  # rejected frames were discarded too
-    finally:
-        h.close()
-        h.fabric.close()
 
 
 def test_full_pool_refuses_cleanly_and_offload_resumes_when_room_returns(
@@ -139,8 +127,7 @@ def test_full_pool_refuses_cleanly_and_offload_resumes_when_room_returns(
     fabric = fabric_for(pool)
     with pytest.raises(PoolFull, match=r"KV pool full.*--capacity"):
         fabric.push(b"x" * (slots * slot_bytes + 1))
-    h = KvHarness(fabric, threshold=2)
-    try:
+    with KvHarness(fabric, threshold=2) as h:
         first = h.think("first", 3)
         second = h.think("second", 3)
         h.offload("first")
@@ -156,9 +143,6 @@ def test_full_pool_refuses_cleanly_and_offload_resumes_when_room_returns(
         assert not h.manager.ingest_request("second").needs_recompute
         assert all(h.device[b] == h.truth[b] for b in first + second)
         h.assert_no_wrong_kv()
-    finally:
-        h.close()
-        fabric.close()
 
 
 def test_hung_pool_times_out_and_the_unacknowledged_frame_neither_leaks_nor_is_reused(

@@ -92,8 +92,7 @@ def test_offload_manager_moves_think_blocks_to_the_pool_and_back(
     fabric_name: str, shared_pool: SharedPool
 ) -> None:
     pool = shared_pool(fabric_name)
-    h = KvHarness(fabric_for(pool), threshold=3)
-    try:
+    with KvHarness(fabric_for(pool), threshold=3) as h:
         ids = h.think("r1", 7)
         free_before = h.blocks.num_free_blocks
         h.offload("r1")
@@ -111,9 +110,6 @@ def test_offload_manager_moves_think_blocks_to_the_pool_and_back(
         h.assert_no_wrong_kv()
         assert all(h.device[b] == h.truth[b] for b in ids)
         assert pool.control().stats().num_frames == 0  # ingested frames are released
-    finally:
-        h.close()
-        h.fabric.close()
 
 
 def test_concurrent_pushes_from_threads_are_all_stored_intact(

@@ -9,7 +9,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from fabric_support import FABRICS, TC, PoolProcess, fabric_for, kv_block
@@ -69,10 +70,11 @@ def test_kvpool_refuses_bad_arguments_with_one_line_errors() -> None:
         assert "Traceback" not in result.stderr
 
 
-def test_run_kvpool_in_a_thread_refuses_faults_unless_enabled() -> None:
-    stop = threading.Event()
-    ready: list[str] = []
-    started = threading.Event()
+@contextmanager
+def kvpool_thread(**options: object) -> Iterator[str]:
+    """Run a 1 MiB mooncake pool in a thread (``run_kvpool`` with ``options``); yields its
+    address, and on exit stops it and checks that the thread ended."""
+    stop, started, ready = threading.Event(), threading.Event(), []
 
     def on_ready(address: str) -> None:
         ready.append(address)
@@ -81,21 +83,26 @@ def test_run_kvpool_in_a_thread_refuses_faults_unless_enabled() -> None:
     worker = threading.Thread(
         target=run_kvpool,
         args=("mooncake", "127.0.0.1:0"),
-        kwargs={"capacity_bytes": 1 << 20, "stop": stop, "on_ready": on_ready},
+        kwargs={"capacity_bytes": 1 << 20, "stop": stop, "on_ready": on_ready, **options},
     )
     worker.start()
     try:
         assert started.wait(30)
-        client = PoolClient(ready[0])
+        yield ready[0]
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive()
+
+
+def test_run_kvpool_in_a_thread_refuses_faults_unless_enabled() -> None:
+    with kvpool_thread() as address:
+        client = PoolClient(address)
         handle, _ = client.alloc(16)
         client.commit(handle)
         with pytest.raises(FabricError, match="fault injection is off"):
             client.corrupt(handle)
         client.disconnect()
-    finally:
-        stop.set()
-        worker.join(30)
-    assert not worker.is_alive()
 
 
 def test_fault_injection_can_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,35 +141,14 @@ def test_kvpool_reports_through_the_metric_catalogue() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         metrics_port = probe.getsockname()[1]
-    stop, started, ready = threading.Event(), threading.Event(), []
-
-    def on_ready(address: str) -> None:
-        ready.append(address)
-        started.set()
-
-    worker = threading.Thread(
-        target=run_kvpool,
-        args=("mooncake", "127.0.0.1:0"),
-        kwargs={
-            "capacity_bytes": 1 << 20,
-            "stop": stop,
-            "on_ready": on_ready,
-            "metrics_port": metrics_port,
-        },
-    )
-    worker.start()
-    try:
-        assert started.wait(30)
-        client = PoolClient(ready[0])
+    with kvpool_thread(metrics_port=metrics_port) as address:
+        client = PoolClient(address)
         handle, _ = client.alloc(100)
         client.commit(handle)
         client.open(handle)
         client.close_handle(handle)
         client.disconnect()
         text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-    finally:
-        stop.set()
-        worker.join(30)
     samples = {
         (s.name, s.labels.get("fabric")): s.value
         for family in text_string_to_metric_families(text)

@@ -20,8 +20,8 @@ from typing import Final, Protocol, runtime_checkable
 
 from meridian.errors import ConfigError, MeridianError
 
-KNOWN_FABRICS: Final = ("inprocess", "nixl", "mooncake")
-_POOL_FABRICS: Final = ("nixl", "mooncake")
+POOL_FABRICS: Final = ("nixl", "mooncake")  # the fabrics that reach a ``meridian kvpool``
+KNOWN_FABRICS: Final = ("inprocess", *POOL_FABRICS)
 
 
 class FabricError(MeridianError):
@@ -299,7 +299,7 @@ def make_fabric(
     """
     if name == "inprocess":
         return InProcessFabric(capacity_bytes=capacity_bytes)
-    if name in _POOL_FABRICS:
+    if name in POOL_FABRICS:
         if address is None:
             raise ConfigError(
                 f"fabric {name!r} needs the address of a running KV pool (start one with "

@@ -29,8 +29,13 @@ from typing import Any, Final
 
 import numpy as np
 
-from meridian.disagg.fabric import FabricError, FabricTimeout, FabricUnavailable
+from meridian.disagg.fabric import FabricTimeout, FabricUnavailable
 from meridian.disagg.kvpool import DEFAULT_TIMEOUT_S, PoolFabric, parse_address
+from meridian.disagg.kvpool.client import (
+    MIN_STAGING_BYTES,
+    POLL_SLEEP_S,
+    SPIN_POLLS,
+)
 from meridian.disagg.wire import BytesLike
 
 _log = logging.getLogger(__name__)
@@ -40,9 +45,6 @@ MOONCAKE_INSTALL_HINT: Final = (
     "libibverbs1 (or run scripts/install-fabrics.sh)"
 )
 ENV_DEFAULTS: Final = {"MC_LOG_LEVEL": "ERROR", "MC_TCP_BIND_ADDRESS": "127.0.0.1"}
-_MIN_STAGING_BYTES: Final = 1 << 20
-_SPIN_POLLS: Final = 64
-_POLL_SLEEP_S: Final = 50e-6
 # transfer_check_status codes
 _DONE: Final = 1
 _IN_PROGRESS: Final = 0
@@ -86,7 +88,6 @@ class MooncakeProducerPlane:
         self._staging: np.ndarray[Any, np.dtype[np.uint8]] = np.empty(0, np.uint8)
         self._session: str | None = None
         self._slab_addr = 0
-        self._slab_bytes = 0
 
     def attach(self, data_plane: Mapping[str, Any], deadline: float) -> None:
         """Start the engine (once) and aim it at the pool's session."""
@@ -95,12 +96,11 @@ class MooncakeProducerPlane:
             self._engine = start_engine(self._api, "127.0.0.1")
         self._session = session
         self._slab_addr = int(data_plane["slab_addr"])
-        self._slab_bytes = int(data_plane["slab_bytes"])
 
     def write(self, payload: BytesLike, offset: int, deadline: float) -> None:
         """Stage ``payload`` and write it to the slab at ``offset``."""
         source = np.frombuffer(payload, np.uint8)
-        session, remote = self._target(offset, source.nbytes)
+        session, remote = self._target(offset)
         self._ensure_staging(source.nbytes)
         np.copyto(self._staging[: source.nbytes], source)
         address = int(self._staging.ctypes.data)
@@ -109,7 +109,7 @@ class MooncakeProducerPlane:
 
     def read(self, offset: int, num_bytes: int, deadline: float) -> bytes:
         """Read ``num_bytes`` of the slab at ``offset``."""
-        session, remote = self._target(offset, num_bytes)
+        session, remote = self._target(offset)
         self._ensure_staging(num_bytes)
         address = int(self._staging.ctypes.data)
         batch = self._engine.batch_transfer_async_read(session, [address], [remote], [num_bytes])
@@ -126,21 +126,16 @@ class MooncakeProducerPlane:
         self._unregister_staging()
         self._engine = None
 
-    def _target(self, offset: int, num_bytes: int) -> tuple[str, int]:
+    def _target(self, offset: int) -> tuple[str, int]:
         if self._session is None or self._engine is None:
             raise FabricUnavailable("Mooncake: not attached to a kvpool")
-        if offset < 0 or offset + num_bytes > self._slab_bytes:
-            raise FabricError(
-                f"kvpool slot [{offset}, {offset + num_bytes}) lies outside its "
-                f"{self._slab_bytes}-byte slab: the pool and producer disagree"
-            )
         return self._session, self._slab_addr + offset
 
     def _ensure_staging(self, num_bytes: int) -> None:
         if self._staging.nbytes >= num_bytes:
             return
         self._unregister_staging()
-        size = max(num_bytes, 2 * self._staging.nbytes, _MIN_STAGING_BYTES)
+        size = max(num_bytes, 2 * self._staging.nbytes, MIN_STAGING_BYTES)
         staging = np.empty(size, np.uint8)
         status = self._engine.register_memory(int(staging.ctypes.data), size)
         if status != 0:
@@ -162,8 +157,8 @@ class MooncakeProducerPlane:
                     f"Mooncake {op} of {num_bytes} bytes to the kvpool did not finish in time"
                 )
             num_polls += 1
-            if num_polls > _SPIN_POLLS:
-                time.sleep(_POLL_SLEEP_S)
+            if num_polls > SPIN_POLLS:
+                time.sleep(POLL_SLEEP_S)
         if status == _TIMED_OUT:
             raise FabricTimeout(f"Mooncake {op} of {num_bytes} bytes timed out in the engine")
         if status != _DONE:

@@ -34,6 +34,11 @@ import numpy as np
 
 from meridian.disagg.fabric import FabricError, FabricTimeout, FabricUnavailable
 from meridian.disagg.kvpool import DEFAULT_TIMEOUT_S, PoolFabric, parse_address
+from meridian.disagg.kvpool.client import (
+    MIN_STAGING_BYTES,
+    POLL_SLEEP_S,
+    SPIN_POLLS,
+)
 from meridian.disagg.wire import BytesLike
 
 _log = logging.getLogger(__name__)
@@ -45,9 +50,6 @@ NIXL_INSTALL_HINT: Final = (
 # bundled libnl-route crashes in its destructor at process exit (SIGSEGV in
 # rtnl_tc_unregister, seen with nixl-cu12 1.5.1 next to Debian's ibverbs providers).
 ENV_DEFAULTS: Final = {"UCX_NET_DEVICES": "lo", "UCX_MODULES": "^ib", "NIXL_LOG_LEVEL": "WARN"}
-_MIN_STAGING_BYTES: Final = 1 << 20
-_SPIN_POLLS: Final = 64  # polls before the poll loop starts to sleep between polls
-_POLL_SLEEP_S: Final = 50e-6
 
 
 def load_nixl() -> Any:
@@ -92,7 +94,7 @@ class _Staging:
         if self.buffer.nbytes >= num_bytes:
             return
         self.release()
-        size = max(num_bytes, 2 * self.buffer.nbytes, _MIN_STAGING_BYTES)
+        size = max(num_bytes, 2 * self.buffer.nbytes, MIN_STAGING_BYTES)
         buffer = np.empty(size, np.uint8)
         try:
             self._registration = self._agent.register_memory(
@@ -135,7 +137,6 @@ class NixlProducerPlane:
         self._staging = _Staging(self._agent)
         self._remote: str | None = None
         self._slab_addr = 0
-        self._slab_bytes = 0
 
     def attach(self, data_plane: Mapping[str, Any], deadline: float) -> None:
         """Load the pool agent's metadata through its NIXL listener."""
@@ -159,7 +160,6 @@ class NixlProducerPlane:
             raise _nixl_failure(f"fetch the kvpool's metadata from {host}:{port}", exc) from exc
         self._remote = name
         self._slab_addr = int(data_plane["slab_addr"])
-        self._slab_bytes = int(data_plane["slab_bytes"])
 
     def write(self, payload: BytesLike, offset: int, deadline: float) -> None:
         """Stage ``payload`` and NIXL-WRITE it to the slab at ``offset``."""
@@ -193,11 +193,6 @@ class NixlProducerPlane:
         remote = self._remote
         if remote is None:
             raise FabricUnavailable("NIXL: not attached to a kvpool")
-        if offset < 0 or offset + num_bytes > self._slab_bytes:
-            raise FabricError(
-                f"kvpool slot [{offset}, {offset + num_bytes}) lies outside its "
-                f"{self._slab_bytes}-byte slab: the pool and producer disagree"
-            )
         agent = self._agent
         handle: Any = None
         try:
@@ -213,8 +208,8 @@ class NixlProducerPlane:
                         f"the pool may be overloaded or hung"
                     )
                 num_polls += 1
-                if num_polls > _SPIN_POLLS:
-                    time.sleep(_POLL_SLEEP_S)
+                if num_polls > SPIN_POLLS:
+                    time.sleep(POLL_SLEEP_S)
                 state = agent.check_xfer_state(handle)
             if state != "DONE":
                 raise FabricUnavailable(

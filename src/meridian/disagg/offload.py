@@ -377,11 +377,7 @@ class OffloadManager:
     def can_ingest(self, request_id: str) -> bool:
         """True when local slots (and think budget) exist for all of the request's offloaded
         blocks."""
-        offloaded = self._offloaded_blocks(request_id)
-        num_think = sum(1 for _, loc in offloaded if loc.tier is not Tier.OUTPUT_CRITICAL)
-        return self._blocks.can_allocate(len(offloaded), Tier.OUTPUT_CRITICAL) and (
-            num_think == 0 or self._blocks.can_allocate(num_think, Tier.THINK_COMPLETE)
-        )
+        return self._fits_locally(self._offloaded_blocks(request_id))
 
     def ingest_request(self, request_id: str) -> IngestResult:
         """Pull, verify and write back every offloaded block of ``request_id``.
@@ -391,16 +387,17 @@ class OffloadManager:
         OFFLOADED, is never written, and is listed in ``fallback`` (counted). A transient
         fabric error keeps the pool handle for a later try; a lost or corrupt frame drops it.
         """
-        if not self.can_ingest(request_id):
+        offloaded = self._offloaded_blocks(request_id)
+        if not self._fits_locally(offloaded):
             raise OutOfBlocksError(
                 f"cannot ingest request {request_id!r}: its offloaded blocks need "
-                f"{len(self._offloaded_blocks(request_id))} free local slots (within the think "
+                f"{len(offloaded)} free local slots (within the think "
                 f"budget for think tiers) and {self._blocks.num_free_blocks} are free; evict or "
                 f"preempt first"
             )
         ingested: list[int] = []
         fallback: list[int] = []
-        for block_id, location in self._offloaded_blocks(request_id):
+        for block_id, location in offloaded:
             if self._ingest_block(block_id, location):
                 ingested.append(block_id)
             else:
@@ -552,7 +549,7 @@ class OffloadManager:
             raise exc
         result = batch.future.result()
         counters = self._counters
-        num_offloaded = 0
+        num_offloaded = offloaded_bytes = 0
         for ticket, handle, num_bytes in zip(
             batch.tickets, result.handles, batch.num_bytes, strict=False
         ):
@@ -569,12 +566,12 @@ class OffloadManager:
             counters.num_blocks_offloaded += 1
             counters.num_bytes_offloaded += num_bytes
             num_offloaded += 1
+            offloaded_bytes += num_bytes
         counters.push_latency_s.extend(result.latencies_s)
         metrics = self._metrics
         if metrics is not None:
             label = self._fabric.label
             if num_offloaded:
-                offloaded_bytes = sum(batch.num_bytes[: len(result.handles)])
                 metrics.count_offloaded(label, num_offloaded, offloaded_bytes)
             for seconds in result.latencies_s:
                 metrics.observe_transfer_seconds(label, seconds)
@@ -619,6 +616,13 @@ class OffloadManager:
             (b, self._blocks.block_location(b)) for b in self._blocks.blocks_for_request(request_id)
         ]
         return [(b, loc) for b, loc in located if loc.residency is Residency.OFFLOADED]
+
+    def _fits_locally(self, offloaded: list[tuple[int, BlockLocation]]) -> bool:
+        """Local slots (and think budget) exist for all of ``offloaded``."""
+        num_think = sum(1 for _, loc in offloaded if loc.tier is not Tier.OUTPUT_CRITICAL)
+        return self._blocks.can_allocate(len(offloaded), Tier.OUTPUT_CRITICAL) and (
+            num_think == 0 or self._blocks.can_allocate(num_think, Tier.THINK_COMPLETE)
+        )
 
     def _ingest_block(self, block_id: int, location: BlockLocation) -> bool:
         """Restore one block; False (nothing written, still offloaded) when it cannot."""

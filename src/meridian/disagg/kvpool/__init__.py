@@ -39,6 +39,7 @@ Modules: :mod:`~meridian.disagg.kvpool.store` (slab allocator, frames by handle)
 
 from __future__ import annotations
 
+from meridian.disagg.fabric import POOL_FABRICS
 from meridian.disagg.kvpool.client import (
     DEFAULT_TIMEOUT_S,
     PoolClient,
@@ -56,7 +57,6 @@ from meridian.disagg.kvpool.protocol import (
     DEFAULT_LISTEN,
     FAULTS_ENV,
     MAX_MESSAGE_BYTES,
-    POOL_FABRICS,
     PROTOCOL_VERSION,
     ProtocolError,
     parse_address,

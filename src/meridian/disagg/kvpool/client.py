@@ -32,6 +32,11 @@ _T = TypeVar("_T")
 
 DEFAULT_TIMEOUT_S: Final = 10.0
 _MAX_ORPHANS: Final = 4096
+# Shared by the producer planes: the smallest staging buffer they register, and how they poll
+# a transfer (spin SPIN_POLLS polls, then sleep POLL_SLEEP_S between polls).
+MIN_STAGING_BYTES: Final = 1 << 20
+SPIN_POLLS: Final = 64
+POLL_SLEEP_S: Final = 50e-6
 
 
 class PoolClient:
@@ -211,6 +216,7 @@ class PoolFabric:
         with self._lock:
             deadline = self._connect("push")
             handle, offset = self._pool.alloc(num_bytes)
+            self._check_slot(offset, num_bytes)
             self._guarded(lambda: self._plane.write(payload, offset, deadline))
             try:
                 self._pool.commit(handle)
@@ -225,6 +231,7 @@ class PoolFabric:
         with self._lock:
             deadline = self._connect("pull")
             offset, num_bytes = self._pool.open(handle)
+            self._check_slot(offset, num_bytes)
             data = self._guarded(lambda: self._plane.read(offset, num_bytes, deadline))
             try:
                 self._pool.close_handle(handle)
@@ -274,6 +281,17 @@ class PoolFabric:
             self._attached = True
             self._release_orphans()
         return time.monotonic() + self._timeout_s
+
+    def _check_slot(self, offset: int, num_bytes: int) -> None:
+        """Before a data-plane call: the pool's slot must lie inside its slab (the ``hello``
+        reply's ``capacity_bytes``); otherwise drop both planes and raise FabricError."""
+        slab_bytes = int(self._pool.hello["capacity_bytes"])
+        if offset < 0 or offset + num_bytes > slab_bytes:
+            self._reset()
+            raise FabricError(
+                f"kvpool slot [{offset}, {offset + num_bytes}) lies outside its "
+                f"{slab_bytes}-byte slab: the pool and producer disagree"
+            )
 
     def _release_orphans(self) -> None:
         """Discard frames of pushes that failed while committing (no-ops after a restart)."""

@@ -15,11 +15,10 @@ from types import FrameType
 from typing import Final
 
 from meridian.core.types import Tier
-from meridian.disagg.fabric import FabricUnavailable
+from meridian.disagg.fabric import POOL_FABRICS, FabricUnavailable
 from meridian.disagg.kvpool.protocol import (
     DEFAULT_LISTEN,
     FAULTS_ENV,
-    POOL_FABRICS,
     parse_address,
     parse_size,
 )

@@ -19,7 +19,6 @@ from typing import Any, Final
 from meridian.disagg.fabric import FabricError, PoolFull, UnknownHandle
 from meridian.errors import ConfigError
 
-POOL_FABRICS: Final = ("nixl", "mooncake")
 PROTOCOL_VERSION: Final = 1
 DEFAULT_LISTEN: Final = "127.0.0.1:7470"
 FAULTS_ENV: Final = "MERIDIAN_KVPOOL_FAULTS"

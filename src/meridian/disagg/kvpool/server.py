@@ -20,10 +20,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from meridian.disagg.fabric import FabricError
+from meridian.disagg.fabric import POOL_FABRICS, FabricError
 from meridian.disagg.kvpool.protocol import (
     FAULTS_ENV,
-    POOL_FABRICS,
     PROTOCOL_VERSION,
     ProtocolError,
     _error_reply,
@@ -62,7 +61,9 @@ class PoolEndpoint(Protocol):
         ...
 
 
-def make_pool_endpoint(fabric: str, slab: np.ndarray[Any, Any], *, host: str, epoch: str) -> Any:
+def make_pool_endpoint(
+    fabric: str, slab: np.ndarray[Any, Any], *, host: str, epoch: str
+) -> PoolEndpoint:
     """The :class:`PoolEndpoint` of ``fabric`` over ``slab``; FabricUnavailable if the library
     is missing."""
     if fabric == "nixl":

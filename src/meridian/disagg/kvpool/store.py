@@ -77,11 +77,10 @@ class SlabAllocator:
     def allocate(self, num_bytes: int) -> int:
         """The offset of a new extent of ``num_bytes``; raises PoolFull unless can_allocate."""
         size = self.extent_size(num_bytes)
-        for offset in self._free_offsets:
+        for index, offset in enumerate(self._free_offsets):
             free = self._free_sizes[offset]
             if free < size:
                 continue
-            index = bisect.bisect_left(self._free_offsets, offset)
             del self._free_offsets[index]
             del self._free_sizes[offset]
             if free > size:
