@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from meridian.bench.metrics import PolicySummary, SloSpec, summarize
+from meridian.bench.metrics import PolicySummary
 from meridian.bench.simrun import SimRunSpec, load_requests, run_policy, simulate
 
 
@@ -49,11 +49,9 @@ def _check(label: str, ok: bool, detail: str) -> None:
 
 
 def _results(rate: float) -> None:
-    spec = SimRunSpec(policies=("meridian", "vllm-fcfs"))
-    requests = load_requests(spec, rate)
-    runs = {name: run_policy(spec, name, requests) for name in spec.policies}
-    m: PolicySummary = summarize(runs["meridian"], SloSpec())
-    f: PolicySummary = summarize(runs["vllm-fcfs"], SloSpec())
+    report, _ = simulate(SimRunSpec(policies=("meridian", "vllm-fcfs")), rate)
+    m: PolicySummary = report.summaries["meridian"]
+    f: PolicySummary = report.summaries["vllm-fcfs"]
     print(f"near saturation: synthetic, {rate:g} req/s, 30 s, seed 0 (meridian vs vllm-fcfs)")
     mi, fi = m.output_itl_s.p99, f.output_itl_s.p99
     assert mi is not None and fi is not None

@@ -358,7 +358,8 @@ def test_summary_invariants(run: SimResult) -> None:
             assert p.p50 is None and p.mean is None
     assert s.num_slo_met <= s.num_finished <= s.num_requests
     forced = s.forced_pct
-    assert forced.converged + forced.overthinking + forced.hard_cap <= 100.0 + 1e-6
+    # Each share is rounded to 6 significant digits (Sig6): up to 5e-5 off apiece below 100.
+    assert forced.converged + forced.overthinking + forced.hard_cap <= 100.0 + 1e-3
     assert s.think_tokens_saved >= 0
     if s.goodput_req_s is not None and s.makespan_s:
         assert s.goodput_req_s <= s.num_finished / s.makespan_s * (1 + 1e-5)

@@ -125,12 +125,23 @@ def run_policy(
     policy: str,
     requests: Sequence[RequestSpec],
     on_progress: Callable[[int], None] | None = None,
+    *,
+    engine_config: EngineConfig | None = None,
+    step_model: StepTimeModel | None = None,
 ) -> SimResult:
-    """Simulate one policy on ``requests``."""
+    """Simulate one policy on ``requests``.
+
+    ``engine_config`` and ``step_model`` default to :func:`engine_config_for` and
+    :func:`step_model_for` of ``spec``; a caller running many policies resolves them once.
+    """
+    if engine_config is None:
+        engine_config = engine_config_for(spec)
+    if step_model is None:
+        step_model = step_model_for(spec)
     itl_ns = int(spec.slo.output_itl_s * 1e9)
     engine = Engine(
-        engine_config_for(spec),
-        step_model_for(spec),
+        engine_config,
+        step_model,
         make_policy(policy, spec.config, itl_ns),
         spec.config.kv_memory,
         on_progress=on_progress,
@@ -156,10 +167,14 @@ def simulate(
         requests = load_requests(spec, arrival_rate)
     if not requests:
         raise MeridianError("the workload has no requests; raise --duration-s or --arrival-rate")
+    # Resolved once: a --step-time-csv is read and fitted once, not once per policy.
+    engine_config, step_model = engine_config_for(spec), step_model_for(spec)
     results: dict[str, SimResult] = {}
     for name in spec.policies:
         hook = None if on_progress is None else _bind(on_progress, name)
-        results[name] = run_policy(spec, name, requests, hook)
+        results[name] = run_policy(
+            spec, name, requests, hook, engine_config=engine_config, step_model=step_model
+        )
     report = SimReport(
         workload=Path(spec.workload).name,
         seed=spec.seed,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ _DEFAULT_SLO = SloSpec()
 
 
 def register(commands: Any) -> None:
-    """Add ``bench sim`` to the top-level subparsers."""
+    """Add ``bench sim``, ``bench real`` and ``bench ab-real`` to the top-level subparsers."""
     bench = commands.add_parser("bench", help="benchmarks: the simulator A/B")
     sub = bench.add_subparsers(dest="bench_command", metavar="KIND", required=True)
     sim = sub.add_parser(
@@ -129,31 +130,8 @@ def register(commands: Any) -> None:
     )
     real.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000/v1")
     real.add_argument("--model", required=True, help="model name the server serves")
-    real.add_argument("--workload", default="synthetic", help="bundled workload or JSONL trace")
-    real.add_argument("--arrival-rate", type=float, default=2.0, help="requests per second (2)")
-    real.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
-    real.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     real.add_argument("--label", default="server", help="name of this run in the report")
-    real.add_argument(
-        "--max-think-tokens",
-        type=int,
-        help="cap each request's think tokens (and so its max_tokens) for small servers",
-    )
-    real.add_argument(
-        "--max-prompt-tokens",
-        type=int,
-        help="cap each request's prompt length (for servers with a short --max-model-len)",
-    )
-    real.add_argument(
-        "--out-dir", type=Path, default=Path("meridian-out") / "real", help="output folder"
-    )
-    real.add_argument(
-        "--replay-think-lengths",
-        action="store_true",
-        help="send vLLM's thinking_token_budget = each request's think length (for models that "
-        "never close </think> by themselves, such as random test models)",
-    )
-    real.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    _add_replay_args(real, Path("meridian-out") / "real")
     real.set_defaults(handler=run_real_cmd)
 
     ab = sub.add_parser(
@@ -168,23 +146,34 @@ def register(commands: Any) -> None:
     ab.add_argument("--model", required=True, help="model name or local directory")
     ab.add_argument("--model-family", help="reasoning-model family (default: guessed)")
     ab.add_argument("--config", type=Path, help="meridian.toml for the Meridian server")
-    ab.add_argument("--workload", default="synthetic", help="bundled workload or JSONL trace")
-    ab.add_argument("--arrival-rate", type=float, default=2.0, help="requests per second (2)")
-    ab.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
-    ab.add_argument("--seed", type=int, default=0, help="workload seed (0)")
-    ab.add_argument("--max-think-tokens", type=int, help="cap each request's think tokens")
-    ab.add_argument("--max-prompt-tokens", type=int, help="cap each request's prompt length")
-    ab.add_argument(
-        "--out-dir", type=Path, default=Path("meridian-out") / "ab-real", help="output folder"
+    _add_replay_args(ab, Path("meridian-out") / "ab-real")
+    ab.set_defaults(handler=run_ab_real_cmd, takes_extra=True)
+
+
+def _add_replay_args(parser: argparse.ArgumentParser, out_dir: Path) -> None:
+    """The workload-replay arguments ``bench real`` and ``bench ab-real`` share."""
+    parser.add_argument("--workload", default="synthetic", help="bundled workload or JSONL trace")
+    parser.add_argument("--arrival-rate", type=float, default=2.0, help="requests per second (2)")
+    parser.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
+    parser.add_argument("--seed", type=int, default=0, help="workload seed (0)")
+    parser.add_argument(
+        "--max-think-tokens",
+        type=int,
+        help="cap each request's think tokens (and so its max_tokens) for small servers",
     )
-    ab.add_argument(
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        help="cap each request's prompt length (for servers with a short --max-model-len)",
+    )
+    parser.add_argument("--out-dir", type=Path, default=out_dir, help=f"output folder ({out_dir})")
+    parser.add_argument(
         "--replay-think-lengths",
         action="store_true",
         help="send vLLM's thinking_token_budget = each request's think length (for models that "
         "never close </think> by themselves, such as random test models)",
     )
-    ab.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    ab.set_defaults(handler=run_ab_real_cmd, takes_extra=True)
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
 
 def _rates(text: str) -> list[float]:
@@ -199,11 +188,15 @@ def _rates(text: str) -> list[float]:
     return sorted(set(rates))
 
 
-def _check_args(args: argparse.Namespace) -> None:
+def _check_workload_args(args: argparse.Namespace) -> None:
     if not args.duration_s > 0:
         raise MeridianError(f"--duration-s must be > 0; got {args.duration_s}")
     if args.seed < 0:
         raise MeridianError(f"--seed must be >= 0; got {args.seed}")
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    _check_workload_args(args)
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, flag) < 1:
             raise MeridianError(f"--{flag.replace('_', '-')} must be >= 1")
@@ -235,17 +228,7 @@ def run_real_cmd(args: argparse.Namespace) -> int:
             label=args.label,
             on_done=lambda n: progress.update(task, completed=n),
         )
-    report = SimReport(
-        workload=Path(args.workload).name,
-        seed=args.seed,
-        duration_s=args.duration_s,
-        hardware="real",
-        model=args.model,
-        slo=slo,
-        policies=[args.label],
-        arrival_rate=args.arrival_rate,
-        summaries={args.label: summarize(result, slo)},
-    )
+    report = _real_report(args, args.model, slo, [args.label], {args.label: result})
     written = write_report(report, args.out_dir)
     if not args.no_plots:
         written += write_plots({args.label: result}, args.out_dir, slo)
@@ -258,13 +241,32 @@ def run_real_cmd(args: argparse.Namespace) -> int:
     return 1 if len(errors) == len(requests) else 0
 
 
+def _real_report(
+    args: argparse.Namespace,
+    model: str,
+    slo: SloSpec,
+    policies: list[str],
+    results: dict[str, SimResult],
+) -> SimReport:
+    """The report of a real-mode run: one summary per server, in ``policies`` order."""
+    return SimReport(
+        workload=Path(args.workload).name,
+        seed=args.seed,
+        duration_s=args.duration_s,
+        hardware="real",
+        model=model,
+        slo=slo,
+        policies=policies,
+        arrival_rate=args.arrival_rate,
+        summaries={name: summarize(results[name], slo) for name in policies},
+    )
+
+
 def _real_requests(args: argparse.Namespace) -> list[RequestSpec]:
     """The workload of a real-mode run, with the optional think and prompt caps applied."""
     if not args.arrival_rate > 0:
         raise MeridianError(f"--arrival-rate must be > 0; got {args.arrival_rate}")
-    _check_args(
-        argparse.Namespace(**{**vars(args), "max_num_seqs": 1, "max_num_batched_tokens": 1})
-    )
+    _check_workload_args(args)
     spec = SimRunSpec(workload=args.workload, duration_s=args.duration_s, seed=args.seed)
     requests = load_requests(spec, args.arrival_rate)
     if args.max_think_tokens is not None:
@@ -305,17 +307,7 @@ def run_ab_real_cmd(args: argparse.Namespace, vllm_args: list[str]) -> int:
         if len(errors) == len(requests):
             raise MeridianError(f"every request to the {side} server failed: {errors[0]}")
         results[side] = result
-    report = SimReport(
-        workload=Path(args.workload).name,
-        seed=args.seed,
-        duration_s=args.duration_s,
-        hardware="real",
-        model=Path(args.model).name,
-        slo=slo,
-        policies=[CANDIDATE, STOCK],
-        arrival_rate=args.arrival_rate,
-        summaries={name: summarize(results[name], slo) for name in (CANDIDATE, STOCK)},
-    )
+    report = _real_report(args, Path(args.model).name, slo, [CANDIDATE, STOCK], results)
     written = write_report(report, args.out_dir)
     written += write_ab_report(build_ab_report(report), args.out_dir)
     if not args.no_plots:
@@ -436,19 +428,6 @@ def run_sim(args: argparse.Namespace) -> int:
     return 0
 
 
-_COLUMNS: tuple[tuple[str, str, float], ...] = (
-    ("output ITL P99 (ms)", "output_itl_s.p99", 1000),
-    ("TTFVT P95 (s)", "ttfvt_s.p95", 1),
-    ("TTOT P95 (s)", "ttot_s.p95", 1),
-    ("think tok avg", "think_tokens.mean", 1),
-    ("forced %", "forced", 1),
-    ("OC evict", "num_output_critical_evictions", 1),
-    ("preempt out/think", "", 1),
-    ("tok/s", "throughput_tok_s", 1),
-    ("goodput req/s", "goodput_req_s", 1),
-)
-
-
 def _get(summary: PolicySummary, path: str) -> float | None:
     value: Any = summary
     for part in path.split("."):
@@ -458,23 +437,45 @@ def _get(summary: PolicySummary, path: str) -> float | None:
     return float(value)
 
 
+def _num(path: str, scale: float = 1) -> Callable[[PolicySummary], str]:
+    """A cell showing the summary field at dotted ``path`` times ``scale`` ("-" when absent)."""
+
+    def cell(s: PolicySummary) -> str:
+        value = _get(s, path)
+        return "-" if value is None else f"{value * scale:,.4g}"
+
+    return cell
+
+
+def _forced_total(s: PolicySummary) -> str:
+    f = s.forced_pct
+    return f"{f.converged + f.overthinking + f.hard_cap:.1f}"
+
+
+def _preemptions(s: PolicySummary) -> str:
+    return f"{s.preemptions.output}/{s.preemptions.think}"
+
+
+_COLUMNS: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
+    ("output ITL P99 (ms)", _num("output_itl_s.p99", 1000)),
+    ("TTFVT P95 (s)", _num("ttfvt_s.p95")),
+    ("TTOT P95 (s)", _num("ttot_s.p95")),
+    ("think tok avg", _num("think_tokens.mean")),
+    ("forced %", _forced_total),
+    ("OC evict", _num("num_output_critical_evictions")),
+    ("preempt out/think", _preemptions),
+    ("tok/s", _num("throughput_tok_s")),
+    ("goodput req/s", _num("goodput_req_s")),
+)
+
+
 def _print_summary(console: Console, report: SimReport) -> None:
     table = Table(title=f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}")
     table.add_column("policy")
-    for title, _, _ in _COLUMNS:
+    for title, _ in _COLUMNS:
         table.add_column(title, justify="right")
     for name in report.policies:
         s = report.summaries[name]
-        cells = [name]
-        for _title, path, scale in _COLUMNS:
-            if not path:
-                cells.append(f"{s.preemptions.output}/{s.preemptions.think}")
-                continue
-            if path == "forced":
-                f = s.forced_pct
-                cells.append(f"{f.converged + f.overthinking + f.hard_cap:.1f}")
-                continue
-            value = _get(s, path)
-            cells.append("-" if value is None else f"{value * scale:,.4g}")
+        cells = [name, *(cell(s) for _, cell in _COLUMNS)]
         table.add_row(*cells)
     console.print(table)

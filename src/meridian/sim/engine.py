@@ -33,21 +33,23 @@ from dataclasses import dataclass
 
 from meridian.config.schema import KvMemoryConfig
 from meridian.core.blocks import TieredBlockManager
+from meridian.core.budget import ForceDecision
 from meridian.core.router import PhaseRouter, ReasoningModel
 from meridian.core.types import ExitThink, Phase, PhaseEvent, Tier, tier_for_phase
 from meridian.errors import MeridianError
 from meridian.sim.fabric import FabricModel
 from meridian.sim.records import RunCounters, SimResult, TimeSample
 from meridian.sim.request import RequestSpec
-from meridian.sim.state import SimRequest
+from meridian.sim.state import (
+    NO_THINK_ID,
+    THINK_END_ID,
+    THINK_START_ID,
+    THINK_TOKEN_ID,
+    RequestStatus,
+    SimRequest,
+)
 from meridian.sim.steptime import BatchShape, StepTimeModel
 
-# Token ids of the simulated stream. The router sees exactly these.
-THINK_START_ID = 1
-THINK_END_ID = 2
-NO_THINK_ID = 3
-THINK_TOKEN_ID = 10
-ANSWER_TOKEN_ID = 11
 SIM_MODEL = ReasoningModel(
     think_start=(THINK_START_ID,), think_end=(THINK_END_ID,), no_think=(NO_THINK_ID,)
 )
@@ -177,24 +179,20 @@ class Engine:
         self._num_finished = 0
         self._last_batch = (0, 0)
         self._heap: list[tuple[int, int, int, SimRequest | None]] = []
+        # The rows of the step in flight, with their token counts (set by _start_step).
+        self._scheduled: list[tuple[SimRequest, int]] = []
         self._seq = itertools.count()
         self._ingest_ns = 0
 
     # -- public helpers for policies -------------------------------------------------------------
 
-    def force(self, req: SimRequest, reason_detail: object) -> None:
-        """End ``req``'s think phase now: its next token is ``</think>``.
-
-        ``reason_detail`` is a :class:`~meridian.core.budget.ForceDecision`.
-        """
-        from meridian.core.budget import ForceDecision
-
-        assert isinstance(reason_detail, ForceDecision)
+    def force(self, req: SimRequest, decision: ForceDecision) -> None:
+        """End ``req``'s think phase now: its next token is ``</think>``."""
         if req.think_target <= req.num_think or req.record.forced_reason is not None:
             return
-        self.router.mark_forced(req.rid, reason_detail.reason)
+        self.router.mark_forced(req.rid, decision.reason)
         req.think_target = req.num_think
-        req.record.forced_reason = reason_detail.reason
+        req.record.forced_reason = decision.reason
         self.counters.num_policy_forces += 1
 
     # -- the run ------------------------------------------------------------------------------
@@ -289,7 +287,7 @@ class Engine:
                     victims_left.remove(victim)
                 else:
                     queue.remove(victim)
-            if req.status != SimRequest.RUNNING:  # it was its own victim
+            if req.status is not RequestStatus.RUNNING:  # it was its own victim
                 queue.pop(i)
                 continue
             if not granted:
@@ -336,7 +334,7 @@ class Engine:
             self.waiting.remove(req)
             self.kv.allocate(req.rid, tier, need)
             req.num_blocks = need
-            req.status = SimRequest.RUNNING
+            req.status = RequestStatus.RUNNING
             if req.record.preemptions_by_phase:
                 req.readmitted_step = self.step
             if req.num_offloaded_blocks:
@@ -354,13 +352,12 @@ class Engine:
 
     def _preempt(self, req: SimRequest) -> None:
         rid = req.rid
-        num_output_critical = sum(
-            1
-            for b in self.kv.blocks_for_request(rid)
-            if self.kv.block_location(b).tier is Tier.OUTPUT_CRITICAL
-        )
         if req.phase is Phase.OUTPUT:
-            self.counters.num_output_critical_evictions += num_output_critical
+            self.counters.num_output_critical_evictions += sum(
+                1
+                for b in self.kv.blocks_for_request(rid)
+                if self.kv.block_location(b).tier is Tier.OUTPUT_CRITICAL
+            )
         self.kv.free(rid)
         phase = req.phase
         c = self.counters.preemptions_by_phase
@@ -376,7 +373,7 @@ class Engine:
         # starts computing after them instead of recomputing them.
         req.num_computed = pooled
         req.num_blocks = 0
-        req.status = SimRequest.WAITING
+        req.status = RequestStatus.WAITING
         self.running.remove(req)
         self.policy.on_leave(req)
         self.waiting.appendleft(req)
@@ -386,7 +383,7 @@ class Engine:
         sampled: list[SimRequest] = []
         token_ids: list[list[int]] = []
         for req, n in self._scheduled:
-            if req.status != SimRequest.RUNNING:
+            if req.status is not RequestStatus.RUNNING:
                 continue
             req.num_computed += n
             if req.num_computed == req.num_tokens:
@@ -461,7 +458,7 @@ class Engine:
         """The pool acknowledged ``req``'s blocks: free their local slots (if still local)."""
         blocks, req.offload_pending = req.offload_pending, ()
         epoch = sum(req.record.preemptions_by_phase.values())
-        if req.status != SimRequest.RUNNING or epoch != req.offload_epoch:
+        if req.status is not RequestStatus.RUNNING or epoch != req.offload_epoch:
             return  # preempted or finished meanwhile: those blocks were already released
         for block in blocks:
             self.kv.offload_block(block)
@@ -476,7 +473,7 @@ class Engine:
         rec.num_think_tokens = req.num_think
         self.kv.free(req.rid)
         self.router.finish(req.rid)
-        req.status = SimRequest.FINISHED
+        req.status = RequestStatus.FINISHED
         req.phase = Phase.COMPLETE
         self.running.remove(req)
         self.policy.on_leave(req)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from meridian.config.schema import MeridianConfig
 from meridian.core.budget import BudgetPolicy
@@ -29,13 +28,9 @@ from meridian.core.dual_queue import DualQueueScheduler
 from meridian.core.preemption import RunningRequest, select_preemption_victims
 from meridian.core.types import Phase, PhaseEvent, Tier
 from meridian.errors import MeridianError
+from meridian.sim.engine import Engine, SimPolicy
 from meridian.sim.state import SimRequest
 from meridian.sim.steptime import rows_within_budget
-
-if TYPE_CHECKING:
-    from meridian.sim.engine import Engine
-
-from meridian.sim.engine import SimPolicy
 
 DEFAULT_STATIC_THINK_BUDGET = 4096
 
@@ -120,10 +115,6 @@ class ThinkFirstPolicy(SimPolicy):
 
     def __init__(self, output_itl_ns: int) -> None:
         self._pace_ns = output_itl_ns
-        self._engine: Engine | None = None
-
-    def setup(self, engine: Engine) -> None:
-        self._engine = engine
 
     def order(
         self, running: list[SimRequest], step: int, now_ns: int

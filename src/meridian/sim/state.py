@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,10 +13,20 @@ from meridian.core.types import Phase
 from meridian.sim.records import RequestRecord
 from meridian.sim.request import RequestSpec
 
-# Token ids of the simulated stream (see meridian.sim.engine).
-_THINK_END_ID = 2
-_THINK_TOKEN_ID = 10
-_ANSWER_TOKEN_ID = 11
+# Token ids of the simulated stream; the engine's router sees exactly these.
+THINK_START_ID = 1
+THINK_END_ID = 2
+NO_THINK_ID = 3
+THINK_TOKEN_ID = 10
+ANSWER_TOKEN_ID = 11
+
+
+class RequestStatus(enum.Enum):
+    """Where a request is in the engine: queued, holding KV in the running set, or done."""
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
 
 
 @dataclass(slots=True, eq=False)
@@ -28,17 +39,13 @@ class SimRequest:
     Invariant: ``num_computed <= num_tokens`` and ``num_blocks * block_size >= num_computed``.
     """
 
-    WAITING = 0
-    RUNNING = 1
-    FINISHED = 2
-
     spec: RequestSpec
     record: RequestRecord
     rid: str
     think_target: int
     entropy: npt.NDArray[np.float32] | None
     phase: Phase = Phase.PREFILL
-    status: int = 0
+    status: RequestStatus = RequestStatus.WAITING
     num_generated: int = 0
     num_think: int = 0
     num_answer: int = 0
@@ -48,7 +55,6 @@ class SimRequest:
     last_scheduled_step: int = -1
     readmitted_step: int | None = None
     probe: EntropyProbe | None = None
-    priority: int = 0
     num_offloaded_blocks: int = 0
     offload_pending: tuple[int, ...] = ()
     offload_epoch: int = 0
@@ -78,13 +84,15 @@ class SimRequest:
     def next_token_id(self) -> int:
         """Generate the next token of the stream (and remember it)."""
         if not self.spec.is_reasoning:
-            tok = _ANSWER_TOKEN_ID
+            tok = ANSWER_TOKEN_ID
         elif self.num_think < self.think_target:
-            tok = _THINK_TOKEN_ID
-        elif self.record.think_end_ns is None and self.last_token_id != _THINK_END_ID:
-            tok = _THINK_END_ID
+            tok = THINK_TOKEN_ID
+        elif self.record.think_end_ns is None:
+            # The engine emits every sampled token in the same step (setting think_end_ns on
+            # </think>), so this holds for exactly one token.
+            tok = THINK_END_ID
         else:
-            tok = _ANSWER_TOKEN_ID
+            tok = ANSWER_TOKEN_ID
         self.num_generated += 1
         self.last_token_id = tok
         return tok
