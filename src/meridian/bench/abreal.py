@@ -120,11 +120,14 @@ def run_side(
     port = free_port()
     log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix="meridian-abreal-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    metrics_dir = Path(tempfile.mkdtemp(prefix=f"meridian-prom-{side}-"))
-    argv, env = server_command(side, spec, port, metrics_dir)
     log_path = log_dir / f"server-{side}.log"
     url = f"http://127.0.0.1:{port}"
-    with log_path.open("wb") as log:
+    # The server's multiprocess metric files live only as long as the server.
+    with (
+        tempfile.TemporaryDirectory(prefix=f"meridian-prom-{side}-") as metrics_dir,
+        log_path.open("wb") as log,
+    ):
+        argv, env = server_command(side, spec, port, Path(metrics_dir))
         proc = subprocess.Popen(
             argv,
             env={**os.environ, **env},

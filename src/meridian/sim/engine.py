@@ -193,7 +193,6 @@ class Engine:
         self.router.mark_forced(req.rid, decision.reason)
         req.think_target = req.num_think
         req.record.forced_reason = decision.reason
-        self.counters.num_policy_forces += 1
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -261,7 +260,6 @@ class Engine:
     def _start_step(self) -> int:
         cfg = self.config
         order, deferred = self.policy.order(self.running, self.step, self.now_ns)
-        self.counters.num_deferred_think_rows += len(deferred)
         queue = list(order)
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[SimRequest, int]] = []

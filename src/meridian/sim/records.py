@@ -91,8 +91,6 @@ class RunCounters:
     num_output_critical_evictions: int = 0
     preemptions_by_phase: dict[Phase, int] = field(default_factory=dict)
     num_recomputed_tokens: int = 0
-    num_deferred_think_rows: int = 0
-    num_policy_forces: int = 0
     num_offloaded_blocks: int = 0
     num_ingested_blocks: int = 0
 
