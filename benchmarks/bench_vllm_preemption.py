@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCHEDULERS = {
-    "stock": "meridian.vllm.scheduler.MeridianShadowScheduler",
-    "meridian": "meridian.vllm.scheduler.MeridianScheduler",
-}
+from meridian.vllm import SCHEDULER_CLS, SHADOW_SCHEDULER_CLS
+
+SCHEDULERS = {"stock": SHADOW_SCHEDULER_CLS, "meridian": SCHEDULER_CLS}
 
 
 def workload(num_requests: int, seed: int) -> list[tuple[int, int]]:

@@ -319,6 +319,20 @@ def test_surplus_think_requests_are_deferred_one_step() -> None:
     assert order.stats.num_deferred == 2
 
 
+def test_order_is_planned_again_only_while_the_plan_defers() -> None:
+    order = make_order(output_budget=1)  # think limit floor(2.5 * 1) = 2
+    thinks = [admitted(order, f"t{i}", THINK_PROMPT) for i in range(3)]
+    order.order(thinks, step=1, num_free_blocks=10)
+    assert order.stats.num_reordered_steps == 1 and order.stats.num_deferred == 1
+    order.order(thinks, step=2, num_free_blocks=10)  # t2 is deferred again: a new plan
+    assert order.stats.num_reordered_steps == 2 and order.stats.num_deferred == 2
+    order.untrack("t2")
+    order.order(thinks[:2], step=3, num_free_blocks=10)  # both fit: nobody deferred
+    assert order.stats.num_reordered_steps == 3 and order.stats.num_deferred == 2
+    assert ids(order.order(thinks[:2], step=4, num_free_blocks=10)) == ["t0", "t1"]
+    assert order.stats.num_reordered_steps == 3, "nothing changed: the fast path"
+
+
 def test_answer_streams_hold_rather_than_preempt_each_other() -> None:
     order = make_order()
     answers = [admitted(order, f"o{i}", PLAIN_PROMPT) for i in range(4)]
@@ -354,12 +368,16 @@ def test_answer_gaps_and_inferred_caps() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 30)), min_size=1, max_size=80))
-def test_order_property(ops: list[tuple[int, int]]) -> None:
-    """Random add/decode/preempt/readmit/finish: the order is a permutation, every answer stream
-    holding KV comes before every thinking request holding KV, vLLM's victim (the last one
-    holding KV) is not an answer stream while anything else is, and tracking drains to 0."""
-    order = make_order()
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 30)), min_size=1, max_size=80),
+    st.one_of(st.none(), st.integers(1, 4)),
+)
+def test_order_property(ops: list[tuple[int, int]], output_budget: int | None) -> None:
+    """Random add/decode/preempt/readmit/finish, with and without deferral: the order is a
+    permutation, every answer stream holding KV comes before every thinking request holding KV,
+    vLLM's victim (the last one holding KV) is not an answer stream while anything else is, and
+    tracking drains to 0."""
+    order = make_order(output_budget=output_budget)
     running: list[FakeRequest] = []
     waiting: list[FakeRequest] = []
     for step, (op, arg) in enumerate(ops):

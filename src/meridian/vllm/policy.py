@@ -149,9 +149,12 @@ class RunningOrder:
         self.stats = SchedulerStats()
         self._tracked: dict[str, _Tracked] = {}
         # The fast path: while no phase changed, nobody was preempted, no re-admission guard
-        # expired and nobody joined `running`, the order set last time still holds (vLLM
-        # only removes from and appends to `running`).
+        # expired, nobody joined `running` and the last plan deferred nobody, the order set
+        # last time still holds (vLLM only removes from and appends to `running`). A plan that
+        # deferred requests is made again every step: their deferral counts (the starvation
+        # guard) and one-step skips advance only in a new plan.
         self._dirty = True
+        self._deferring = False
         self._last_ids: frozenset[str] = frozenset()
         self._guard_expiries: list[int] = []
         # Preemption candidates by request id, rebuilt when marked stale (phase change,
@@ -282,8 +285,8 @@ class RunningOrder:
         if (
             self._dirty
             or expired
-            or self.output_budget is not None
-            or not self._last_ids.issuperset([r.request_id for r in running])
+            or self._deferring
+            or not self._last_ids.issuperset(r.request_id for r in running)
         ):
             order = self._full_order(running, step)
             if expired:
@@ -326,6 +329,7 @@ class RunningOrder:
         if len(order) != len(by_id):
             raise AssertionError(f"ordered {len(order)} of {len(by_id)} running requests")
         self._dirty = False
+        self._deferring = bool(plan.deferred)
         self._last_ids = frozenset(by_id)
         self.stats.num_reordered_steps += 1
         return order

@@ -113,6 +113,8 @@ class MeridianScheduler(Scheduler):
             metrics=self.meridian_metrics,
         )
         self._logged_errors: set[tuple[str, str]] = set()
+        # The gauge values last written by _publish_gauges (None: nothing written yet).
+        self._published_gauges: tuple[int, ...] | None = None
         self.meridian_tracer = make_tracer(
             self.meridian.config.telemetry, metrics=self.meridian_metrics
         )
@@ -207,14 +209,24 @@ class MeridianScheduler(Scheduler):
         return result
 
     def _publish_gauges(self) -> None:
-        """Tracked requests, queue depths and batch sizes by phase, once per step."""
+        """Tracked requests, queue depths and batch sizes by phase, when one changed.
+
+        Checked once per step; most steps change none of them (they move on admissions,
+        phase changes and new plans), and each gauge write costs more than the comparison.
+        """
         try:
             metrics, policy = self.meridian_metrics, self.meridian_policy
+            depths = policy.queues.queue_depths()
+            sizes = policy.queues.last_batch_sizes
+            values = (policy.num_tracked, *depths.values(), *sizes.values())
+            if values == self._published_gauges:
+                return
             metrics.set_tracked_requests(policy.num_tracked)
-            for phase, n in policy.queues.queue_depths().items():
+            for phase, n in depths.items():
                 metrics.set_queue_depth(phase, n)
-            for phase, n in policy.queues.last_batch_sizes.items():
+            for phase, n in sizes.items():
                 metrics.set_batch_size(phase, n)
+            self._published_gauges = values
         except Exception as exc:
             self._policy_error("stat_logger", exc)
 

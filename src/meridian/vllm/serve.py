@@ -161,10 +161,8 @@ def build_serve_argv(
         argv += ["--reasoning-parser", definition.reasoning_parser]
     argv += list(extra_args)
 
-    env = {ENV_MODEL: family}
-    if family == GENERIC_NAME:
-        # Not a config family: let each process auto-detect the same tags.
-        env = {}
+    # The generic tags are not a config family: each process auto-detects the same tags.
+    env = {} if family == GENERIC_NAME else {ENV_MODEL: family}
     if config_path is not None:
         env[ENV_CONFIG] = str(Path(config_path).resolve())
     if metrics_dir is not None:
