@@ -28,15 +28,15 @@ request holds KV, vLLM could only make room for an answer stream by preempting a
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from meridian.config import SchedulerConfig
 from meridian.core.dual_queue import DualQueueScheduler
 from meridian.core.preemption import RunningRequest, select_preemption_victims
-from meridian.core.router import PhaseRouter, ReasoningModel
-from meridian.core.types import ExitThink, ForceBudget, ForceReason, Phase
+from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
+from meridian.core.types import ExitThink, ForceBudget, ForceReason, Phase, PhaseEvent
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer
 from meridian.vllm.runtime import parse_request_budget
@@ -55,8 +55,10 @@ class SchedulerStats:
     """What the scheduler measured so far (read by tests, benchmarks and the stat logger).
 
     ``num_scheduled_tokens`` is the engine's work: every token computed, recomputation after
-    preemptions included. ``schedule_overhead_s`` is the time spent in Meridian's ordering
-    before each ``schedule()``, ``stock_schedule_s`` the time of vLLM's own ``schedule()``.
+    preemptions included. Meridian's own time: ``schedule_overhead_s`` before each
+    ``schedule()`` (ordering, gauges), ``update_overhead_s`` in token accounting and request
+    tracking; vLLM's: ``stock_schedule_s`` in ``schedule()``, ``stock_update_s`` in
+    ``update_from_output()`` (Meridian's part taken out).
     ``max_answer_gap_steps`` is the largest number of scheduler steps between two consecutive
     answer tokens of one request (1 = a token every step): a preempted or held answer stream
     shows here as a stall. ``num_forced_inferred`` counts think phases that ended exactly at
@@ -70,6 +72,8 @@ class SchedulerStats:
     policy_errors: int = 0
     schedule_overhead_s: float = 0.0
     stock_schedule_s: float = 0.0
+    update_overhead_s: float = 0.0
+    stock_update_s: float = 0.0
     num_reordered_steps: int = 0
     num_deferred: int = 0
     num_answer_holds: int = 0
@@ -90,6 +94,8 @@ class SchedulerStats:
             "policy_errors": self.policy_errors,
             "schedule_overhead_s": self.schedule_overhead_s,
             "stock_schedule_s": self.stock_schedule_s,
+            "update_overhead_s": self.update_overhead_s,
+            "stock_update_s": self.stock_update_s,
             "num_reordered_steps": self.num_reordered_steps,
             "num_deferred": self.num_deferred,
             "num_answer_holds": self.num_answer_holds,
@@ -106,10 +112,10 @@ class SchedulerStats:
 class _Tracked:
     """Engine-side facts about one live request, beyond what the router keeps."""
 
+    state: RequestPhaseState  # the router's live state (read-only here)
     cap: int | None  # the request's meridian_max_think_tokens, if any
     readmitted_step: int | None = None
     preempted: bool = False
-    last_answer_step: int | None = None
 
 
 class RunningOrder:
@@ -148,6 +154,8 @@ class RunningOrder:
         self.tracer: Tracer = Tracer()
         self.stats = SchedulerStats()
         self._tracked: dict[str, _Tracked] = {}
+        # The step of each answer stream's latest answer token (answer gaps).
+        self._answered: dict[str, int] = {}
         # The fast path: while no phase changed, nobody was preempted, no re-admission guard
         # expired, nobody joined `running` and the last plan deferred nobody, the order set
         # last time still holds (vLLM only removes from and appends to `running`). A plan that
@@ -155,6 +163,9 @@ class RunningOrder:
         # guard) and one-step skips advance only in a new plan.
         self._dirty = True
         self._deferring = False
+        # Bumped whenever a gauge the scheduler publishes may change (tracked count, queue
+        # depths, batch sizes): tracking, phase changes, preemptions, new plans.
+        self.revision = 0
         self._last_ids: frozenset[str] = frozenset()
         self._guard_expiries: list[int] = []
         # Preemption candidates by request id, rebuilt when marked stale (phase change,
@@ -193,45 +204,121 @@ class RunningOrder:
             cap = budget.max_think_tokens or self.default_max_think_tokens
         else:
             cap = None
-        self._tracked[rid] = _Tracked(cap=cap)
+        self._tracked[rid] = _Tracked(self.router.state(rid), cap)
+        self.revision += 1
         if request.output_token_ids:
             self.router.observe(rid, list(request.output_token_ids))
 
     def untrack(self, request_id: str) -> None:
         """Forget a finished or aborted request. Unknown ids are ignored."""
+        self.revision += 1
         if self.router.finish(request_id) is not None and self.tracer.enabled:
             self.tracer.request_finished(request_id)
         self.queues.remove(request_id)
         self._queued.discard(request_id)
         self._tracked.pop(request_id, None)
+        self._answered.pop(request_id, None)
         self._candidate_cache.pop(request_id, None)
         self._stale.discard(request_id)
 
     def observe(self, request: Any, new_token_ids: Sequence[int], step: int) -> None:
-        """Account the request's new tokens generated in ``step``."""
-        rid = request.request_id
-        router = self.router
-        st = router.state(rid)
-        phase, before = st.phase, st.num_output_tokens
-        for event in router.observe(rid, new_token_ids):
+        """Account the request's new tokens generated in ``step`` (one-request ``observe_many``)."""
+        self.observe_many(((request, new_token_ids),), step)
+
+    def observe_many(self, batch: Iterable[tuple[Any, Sequence[int]]], step: int) -> None:
+        """Account every ``(request, new token ids)`` of one engine step, generated in ``step``.
+
+        The per-step hot path: vLLM's scheduler collects a step's deltas and hands them over
+        once. An answer stream that got its previous token in the step before costs one look-up
+        (the common case); thinking requests go through the router in one ``observe_many``
+        call; only deltas that end a think phase, first tokens (PREFILL) and answer streams
+        back from a stall take the per-request path. A request not tracked does not stop the
+        others: the batch is applied, then ``KeyError`` names it.
+
+        Answer streams' tokens are not fed to the router: a request's phase never changes once
+        it answers, and the scheduler needs only their steps (answer gaps).
+        """
+        tracked_map = self._tracked
+        prev = step - 1
+        rest: list[tuple[Any, Sequence[int], _Tracked | None]] = []
+        hits = 0
+        answered = self._answered
+        for request, toks in batch:
+            rid = request.request_id
+            if answered.get(rid) == prev:
+                answered[rid] = step
+                hits += 1
+            else:
+                rest.append((request, toks, tracked_map.get(rid)))
+        stats = self.stats
+        if hits and not stats.max_answer_gap_steps:
+            stats.max_answer_gap_steps = 1
+        if rest:
+            self._observe_rest(rest, step)
+
+    def _observe_rest(
+        self, rest: list[tuple[Any, Sequence[int], _Tracked | None]], step: int
+    ) -> None:
+        """``observe_many`` beyond its common case."""
+        think = Phase.THINK
+        rids: list[str] = []
+        deltas: list[Sequence[int]] = []
+        others: list[tuple[str, Sequence[int]]] = []
+        unknown: list[str] = []
+        stats = self.stats
+        answered = self._answered
+        for request, toks, tracked in rest:
+            rid = request.request_id
+            if tracked is None:
+                unknown.append(rid)
+                continue
+            last = answered.get(rid)
+            if last is not None:
+                # An answer stream after a gap of more than one step (a stall).
+                gap = step - last
+                stats.max_answer_gap_steps = max(stats.max_answer_gap_steps, gap)
+                stats.num_answer_gaps_over_2 += gap > 2
+                answered[rid] = step
+            elif tracked.state.phase is think:
+                rids.append(rid)
+                deltas.append(toks)
+            elif tracked.state.phase is Phase.OUTPUT:
+                # Its think phase ended with the previous delta; these are its first answers.
+                answered[rid] = step
+            else:
+                others.append((rid, toks))
+        if rids:
+            for rid, events in zip(rids, self.router.observe_many(rids, deltas), strict=True):
+                if events:
+                    self._after_events(rid, events, step)
+        for rid, toks in others:
+            self._after_events(rid, self.router.observe(rid, toks), step)
+        if unknown:
+            raise KeyError(f"tokens for requests Meridian does not track: {unknown}")
+
+    def _after_events(self, rid: str, events: Sequence[PhaseEvent], step: int) -> None:
+        """Phase events of a non-answering request's delta: stats, tracer, rank, first answer.
+
+        Called for every PREFILL request's delta (PREFILL -> OUTPUT emits no event but
+        changes the request's rank) and for thinking requests whose delta had events.
+        """
+        for event in events:
             if isinstance(event, ExitThink):
                 self._on_think_exit(rid, event)
             if self.tracer.enabled:
                 self.tracer.phase_event(rid, event)
-        if st.phase is not phase:
-            # PREFILL -> OUTPUT emits no event, but it changes the request's rank.
+        tracked = self._tracked[rid]
+        st = tracked.state
+        if st.phase is not Phase.PREFILL:
+            # The phase changed (or it left PREFILL on this delta's first token).
             self._dirty = True
+            self.revision += 1
             self._stale.add(rid)
             if rid in self._queued:
                 self.queues.set_phase(rid, st.phase)
-        if st.num_output_tokens > before:
-            tracked = self._tracked[rid]
-            if tracked.last_answer_step is not None:
-                gap = step - tracked.last_answer_step
-                stats = self.stats
-                stats.max_answer_gap_steps = max(stats.max_answer_gap_steps, gap)
-                stats.num_answer_gaps_over_2 += gap > 2
-            tracked.last_answer_step = step
+        if st.num_output_tokens:
+            # Its first answer tokens (a delta can end the think phase and start the answer).
+            self._answered[rid] = step
 
     def _on_think_exit(self, rid: str, event: ExitThink) -> None:
         stats = self.stats
@@ -261,6 +348,7 @@ class RunningOrder:
             if phase is Phase.OUTPUT and num_blocks:
                 self.metrics.count_output_critical_eviction(num_blocks)
         self._tracked[request_id].preempted = True
+        self.revision += 1
         self.queues.remove(request_id)
         self._queued.discard(request_id)
         self._dirty = True
@@ -272,13 +360,13 @@ class RunningOrder:
 
     # -- ordering -------------------------------------------------------------------------
 
-    def order(self, running: Sequence[Any], step: int, num_free_blocks: int) -> list[Any]:
+    def order(self, running: Sequence[Any], step: int, num_free_blocks: int) -> Sequence[Any]:
         """The order to serve ``running`` in the coming ``schedule()`` (module docstring).
 
         ``step`` is vLLM's ``current_step`` before ``schedule()`` increments it;
         ``num_free_blocks`` is the KV block pool's free count. Steps where nothing that
-        matters changed reuse the previous order (``stats.num_reordered_steps`` counts the
-        others).
+        matters changed keep the previous order and return ``running`` itself
+        (``stats.num_reordered_steps`` counts the others).
         """
         now = step + 1
         expired = bool(self._guard_expiries) and min(self._guard_expiries) <= now
@@ -286,13 +374,16 @@ class RunningOrder:
             self._dirty
             or expired
             or self._deferring
-            or not self._last_ids.issuperset(r.request_id for r in running)
+            # vLLM appends every request it admits to `running` (and only removes otherwise),
+            # so a newcomer, if any, is last: checking the tail avoids touching every request.
+            or len(running) > len(self._last_ids)
+            or (running and running[-1].request_id not in self._last_ids)
         ):
-            order = self._full_order(running, step)
+            order: Sequence[Any] = self._full_order(running, step)
             if expired:
                 self._guard_expiries = [e for e in self._guard_expiries if e > now]
         else:
-            order = list(running)
+            order = running
         self.hold_answers(order, step, num_free_blocks)
         return order
 
@@ -330,6 +421,7 @@ class RunningOrder:
             raise AssertionError(f"ordered {len(order)} of {len(by_id)} running requests")
         self._dirty = False
         self._deferring = bool(plan.deferred)
+        self.revision += 1
         self._last_ids = frozenset(by_id)
         self.stats.num_reordered_steps += 1
         return order

@@ -7,13 +7,14 @@ follows vLLM's own ``DiffusionScheduler``/``DiffusionAsyncScheduler`` pattern: t
 holds all the logic, the async one only mixes in ``AsyncScheduler``.
 
 vLLM's ``Scheduler.schedule()`` serves ``self.running`` in list order and, when a request
-cannot get KV blocks, preempts ``self.running[-1]`` (FCFS policy). Meridian overrides four
+cannot get KV blocks, preempts ``self.running[-1]`` (FCFS policy). Meridian overrides a few
 narrow hooks and never copies ``schedule()``:
 
 - ``add_request``: the phase router starts tracking the request; its initial phase comes
   from the prompt's tail (``<think>`` at the end of the prompt means it starts thinking).
-- ``_update_request_with_output``: every new token goes through the router (phase changes,
-  think/answer counts, answer-token gaps in steps).
+- ``_update_request_with_output`` collects every request's new tokens and
+  ``update_from_output`` hands the step's deltas to the router in one batch (phase changes,
+  think/answer counts, answer-token gaps in steps); a request freed mid-step is accounted first.
 - ``_free_request`` (every finished or aborted request passes there) and ``_preempt_request``
   (counts preemptions by phase): cleanup, so the tracked-request count returns to zero.
 - ``schedule``: before ``super().schedule()``, ``self.running`` is re-ordered by
@@ -64,6 +65,8 @@ logger = logging.getLogger(__name__)
 # scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
 # like $MERIDIAN_CONFIG). 0 / unset: the whole batch (no deferral).
 ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
+# meridian_schedule_overhead_seconds samples are published in batches of this many steps.
+OVERHEAD_SAMPLES_PER_PUBLISH = 32
 
 
 def _output_budget(configured: int) -> int | None:
@@ -113,8 +116,14 @@ class MeridianScheduler(Scheduler):
             metrics=self.meridian_metrics,
         )
         self._logged_errors: set[tuple[str, str]] = set()
+        # (request, new token ids) of the step being processed by update_from_output.
+        self._step_tokens: list[tuple[Any, list[int]]] = []
         # The gauge values last written by _publish_gauges (None: nothing written yet).
         self._published_gauges: tuple[int, ...] | None = None
+        self._published_revision = -1
+        # Per-step overhead samples not yet published (_sample_overhead).
+        self._overhead_samples: list[float] = []
+        self._sampled_overhead_s = 0.0
         self.meridian_tracer = make_tracer(
             self.meridian.config.telemetry, metrics=self.meridian_metrics
         )
@@ -147,27 +156,28 @@ class MeridianScheduler(Scheduler):
         is_new = request.request_id not in self.requests
         super().add_request(request)
         if is_new:
+            start = time.perf_counter()
             try:
                 self.meridian_policy.track(request)
             except Exception as exc:
                 self._policy_error("add_request", exc, request.request_id)
+            self.meridian_stats.update_overhead_s += time.perf_counter() - start
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        stats = self.meridian_stats
+        start = time.perf_counter()
         if self.meridian_reorders and len(self.running) > 1:
-            start = time.perf_counter()
             try:
                 free = self.kv_cache_manager.block_pool.get_num_free_blocks()
                 order = self.meridian_policy.order(self.running, self.current_step, free)
-                self.running[:] = order
+                if order is not self.running:
+                    self.running[:] = order
             except Exception as exc:
                 self._policy_error("schedule", exc)
-            elapsed = time.perf_counter() - start
-            self.meridian_stats.schedule_overhead_s += elapsed
-            self.meridian_metrics.observe_schedule_overhead(elapsed)
         self._publish_gauges()
-        stats = self.meridian_stats
         stats.num_steps += 1
-        start = time.perf_counter()
+        stock_start = time.perf_counter()
+        stats.schedule_overhead_s += stock_start - start
         if self.meridian_tracer.enabled:
             with self.meridian_tracer.step_span(
                 self.current_step, num_running=len(self.running), num_waiting=len(self.waiting)
@@ -175,9 +185,44 @@ class MeridianScheduler(Scheduler):
                 output = super().schedule(*args, **kwargs)
         else:
             output = super().schedule(*args, **kwargs)
-        stats.stock_schedule_s += time.perf_counter() - start
+        stats.stock_schedule_s += time.perf_counter() - stock_start
         stats.num_scheduled_tokens += int(getattr(output, "total_num_scheduled_tokens", 0))
         return output
+
+    def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
+        stats = self.meridian_stats
+        start, ours_before = time.perf_counter(), stats.update_overhead_s
+        try:
+            return super().update_from_output(*args, **kwargs)
+        finally:
+            self._observe_step()
+            ours = stats.update_overhead_s - ours_before
+            stats.stock_update_s += time.perf_counter() - start - ours
+            self._sample_overhead()
+
+    def _sample_overhead(self) -> None:
+        """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches.
+
+        A sample is Meridian's time since the previous one (ordering, gauges, token accounting,
+        tracking). Publishing a histogram sample on every step cost more than the rest of a
+        quiet step's work (cold caches after the model's forward pass), so samples are
+        published every ``OVERHEAD_SAMPLES_PER_PUBLISH`` steps and whenever the engine idles.
+        """
+        stats = self.meridian_stats
+        total = stats.schedule_overhead_s + stats.update_overhead_s
+        samples = self._overhead_samples
+        samples.append(total - self._sampled_overhead_s)
+        self._sampled_overhead_s = total
+        if len(samples) >= OVERHEAD_SAMPLES_PER_PUBLISH or not self.meridian_policy.num_tracked:
+            start = time.perf_counter()
+            try:
+                for seconds in samples:
+                    self.meridian_metrics.observe_schedule_overhead(seconds)
+            except Exception as exc:
+                self._policy_error("stat_logger", exc)
+            samples.clear()
+            # Publishing is Meridian's time too: it goes into the next sample.
+            stats.update_overhead_s += time.perf_counter() - start
 
     def _update_request_with_output(
         self, request: Any, new_token_ids: list[int], *args: Any, **kwargs: Any
@@ -186,11 +231,22 @@ class MeridianScheduler(Scheduler):
             request, new_token_ids, *args, **kwargs
         )
         if new_token_ids:
-            try:
-                self.meridian_policy.observe(request, new_token_ids, self.current_step)
-            except Exception as exc:
-                self._policy_error("update_from_output", exc, request.request_id)
+            # Accounted once per step, in a batch (_observe_step).
+            self._step_tokens.append((request, new_token_ids))
         return new_token_ids, stopped
+
+    def _observe_step(self) -> None:
+        """Feed the step's collected deltas to the policy in one batch."""
+        batch = self._step_tokens
+        if not batch:
+            return
+        self._step_tokens = []
+        start = time.perf_counter()
+        try:
+            self.meridian_policy.observe_many(batch, self.current_step)
+        except Exception as exc:
+            self._policy_error("update_from_output", exc)
+        self.meridian_stats.update_overhead_s += time.perf_counter() - start
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
         try:
@@ -201,21 +257,28 @@ class MeridianScheduler(Scheduler):
         super()._preempt_request(request, *args, **kwargs)
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # A request finishing inside update_from_output: its last tokens are in the batch.
+        self._observe_step()
         result = super()._free_request(request, *args, **kwargs)
+        start = time.perf_counter()
         try:
             self.meridian_policy.untrack(request.request_id)
         except Exception as exc:
             self._policy_error("free_request", exc, request.request_id)
+        self.meridian_stats.update_overhead_s += time.perf_counter() - start
         return result
 
     def _publish_gauges(self) -> None:
-        """Tracked requests, queue depths and batch sizes by phase, when one changed.
+        """Tracked requests, queue depths and batch sizes by phase, when one may have changed.
 
         Checked once per step; most steps change none of them (they move on admissions,
-        phase changes and new plans), and each gauge write costs more than the comparison.
+        phase changes, preemptions and new plans, which bump ``meridian_policy.revision``).
         """
         try:
             metrics, policy = self.meridian_metrics, self.meridian_policy
+            if policy.revision == self._published_revision:
+                return
+            self._published_revision = policy.revision
             depths = policy.queues.queue_depths()
             sizes = policy.queues.last_batch_sizes
             values = (policy.num_tracked, *depths.values(), *sizes.values())
