@@ -97,6 +97,11 @@ ADVICE: dict[str, str] = {
         "in bursts of preemptions (recompute storms); raise toward 1.0 only if a step stalls "
         "waiting for memory that several victims would have freed."
     ),
+    "scheduler.force_transition_phrase": (
+        "Set it when forced answers start abruptly (the model writes on as if still thinking): "
+        "a short closing sentence in the model's own language, without the think-end marker. "
+        "It needs the engine's tokenizer; keep it short, every force adds its tokens."
+    ),
     # [entropy]
     "entropy.enabled": (
         "Turn off to compare against hard-cap-only forcing, or for models whose entropy you have "

@@ -143,6 +143,13 @@ def test_at_most_the_fraction_of_running_requests() -> None:
     assert len(select(100, running, max_fraction=0.5)) == 5
 
 
+def test_fraction_cap_is_not_lowered_by_float_rounding() -> None:
+    # 0.29 * 100 is 28.999999999999996 in binary floating point; the cap is 29.
+    running = [req(f"t{i}", Phase.THINK, num_blocks=1) for i in range(100)]
+    assert len(select(1000, running, max_fraction=0.29)) == 29
+    assert len(select(1000, running[:10], max_fraction=0.29)) == 2  # floor(2.9)
+
+
 def test_at_least_one_victim_even_for_a_tiny_fraction() -> None:
     running = [req("a", Phase.THINK), req("b", Phase.THINK)]
     assert len(select(100, running, max_fraction=0.01)) == 1

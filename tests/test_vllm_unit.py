@@ -6,7 +6,7 @@ import logging
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -171,6 +171,67 @@ def test_multi_token_marker_is_forced_whole() -> None:
     _run(forcer, "r", out, 8)
     assert out[4:6] == [4, 5] and forcer.phase("r") is Phase.OUTPUT
     assert forcer.router.state("r").num_think_tokens == 4
+
+
+def test_transition_phrase_precedes_the_marker() -> None:
+    forcer = ThinkForcer(MODEL, BudgetPolicy.static(3), transition=(20, 21))
+    out: list[int] = []
+    forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
+    _run(forcer, "r", out, 8)
+    assert out[:7] == [7, 7, 7, 20, 21, END, 7]
+    # The phrase is part of the reasoning: think tokens = cap + phrase.
+    assert forcer.router.state("r").num_think_tokens == 5
+    assert forcer.num_forced[ForceReason.HARD_CAP] == 1
+
+
+def test_transition_phrase_does_not_split_a_started_marker() -> None:
+    model = ReasoningModel(think_start=(3,), think_end=(4, 5))
+    forcer = ThinkForcer(model, BudgetPolicy.static(3), transition=(20,))
+    out = [7, 7, 4]  # the model began the two-token marker on its own at the cap
+    forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
+    _run(forcer, "r", out, 2)
+    assert out == [7, 7, 4, 5, 7] and forcer.phase("r") is Phase.OUTPUT
+
+
+class _Encoder:
+    """A tokenizer stand-in: a vocab and a word-per-token encode()."""
+
+    vocab: ClassVar[dict[str, int]] = {"<think>": 3, "</think>": 4, "wrap": 20, "up": 21}
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.vocab)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert not add_special_tokens
+        return [self.vocab[w] for w in text.split()]
+
+
+def _phrase_config(phrase: str) -> MeridianConfig:
+    return MeridianConfig.model_validate({"scheduler": {"force_transition_phrase": phrase}})
+
+
+def test_transition_phrase_resolves_to_token_ids() -> None:
+    rt = resolve_runtime(_Encoder(), config=_phrase_config("wrap up"))
+    assert rt.transition_ids == (20, 21) and rt.think_end_ids == (4,)
+    assert resolve_runtime(_Encoder()).transition_ids == ()
+    # A model without reasoning never forces: the phrase is not needed.
+    assert resolve_runtime({"a": 1}, config=_phrase_config("wrap up")).transition_ids == ()
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "model_name", "phrase", "message"),
+    [
+        # vLLM's skip_tokenizer_init: the family's configured ids, but nothing to encode with.
+        (None, "qwen3", "wrap up", "needs the model's tokenizer"),
+        (_Encoder(), None, "wrap </think>", "contains the think-end marker"),
+        (_Encoder(), None, "   ", "encodes to no tokens"),
+    ],
+)
+def test_unusable_transition_phrases_are_clear_config_errors(
+    tokenizer: Any, model_name: str | None, phrase: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"scheduler.force_transition_phrase.*{message}"):
+        resolve_runtime(tokenizer, config=_phrase_config(phrase), model_name=model_name)
 
 
 def test_resumed_request_replays_its_output() -> None:
@@ -365,6 +426,17 @@ def test_answer_gaps_and_inferred_caps() -> None:
     order.untrack("r")
     assert order.num_tracked == 0
     order.check_integrity()
+
+
+def test_inferred_caps_count_the_transition_phrase() -> None:
+    order = make_order(transition_len=2)
+    params = type("P", (), {"extra_args": {"meridian_max_think_tokens": 2}})()
+    r = FakeRequest("r", THINK_PROMPT, sampling_params=params, num_computed_tokens=3)
+    order.track(r)
+    for step, token in enumerate([7, 7, 20, 21, END, 9], start=1):
+        r.emit(order, token, step)
+    assert order.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert order.stats.think_tokens_total == 4
 
 
 @settings(max_examples=60, deadline=None)

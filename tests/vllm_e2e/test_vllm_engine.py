@@ -105,6 +105,43 @@ def test_forcing_at_the_budget(engine: Any, chat_prompt: Prompt, end_id: int) ->
     timed("forcing", start)
 
 
+def test_transition_phrase_before_the_forced_marker(
+    engine: Any,
+    chat_prompt: Prompt,
+    tokenizer: Any,
+    end_id: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scheduler.force_transition_phrase: the phrase's tokens, then </think>, right at the cap;
+    the scheduler still recognises the hard-cap force from the token stream."""
+    start = time.perf_counter()
+    phrase = " time to answer"
+    config = tmp_path / "meridian.toml"
+    config.write_text(f'[scheduler]\nforce_transition_phrase = "{phrase}"\n')
+    monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
+    phrase_ids = tokenizer.encode(phrase, add_special_tokens=False)
+    assert len(phrase_ids) > 1
+    caps = [3, 6, 9]
+    with engine(meridian=True) as llm:
+        outs = token_ids(
+            llm.generate(
+                [chat_prompt(i) for i in range(len(caps))],
+                [greedy(40, meridian_max_think_tokens=c) for c in caps],
+                use_tqdm=False,
+            )
+        )
+        forced = meridian_processor_of(llm).forcer.num_forced[ForceReason.HARD_CAP]
+        inferred = scheduler_of(llm).meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+    k = len(phrase_ids)
+    for cap, out in zip(caps, outs, strict=True):
+        if end_id in out[:cap]:
+            continue  # the model closed its reasoning itself
+        assert out[cap : cap + k] == phrase_ids and out[cap + k] == end_id, (cap, out)
+    assert forced == inferred >= len(caps) - 1
+    timed("transition phrase", start)
+
+
 def _pressure_workload(chat_prompt: Prompt, n: int, seed: int) -> tuple[list[str], list[Any]]:
     rng = random.Random(seed)
     prompts, params = [], []

@@ -29,6 +29,9 @@ from meridian.errors import MeridianError
 from meridian.sim.records import RequestRecord, RunCounters, SimResult
 from meridian.sim.request import RequestSpec
 
+# Seconds an idle client connection is kept for reuse (below any server's keep-alive timeout).
+KEEPALIVE_S = 1.0
+
 _WORDS = tuple(
     [
         "consider",
@@ -183,7 +186,9 @@ async def _run_all(
 ) -> tuple[list[RequestRecord], list[str], int]:
     errors: list[str] = []
     sem = asyncio.Semaphore(run.max_concurrency)
-    limits = httpx.Limits(max_connections=run.max_concurrency)
+    # Idle connections are dropped well before servers close them (uvicorn's keep-alive
+    # timeout, vLLM's default 5 s): reusing one the server is closing fails with ReadError.
+    limits = httpx.Limits(max_connections=run.max_concurrency, keepalive_expiry=KEEPALIVE_S)
     async with httpx.AsyncClient(base_url=run.url.rstrip("/"), limits=limits) as client:
         try:
             await client.get("/models", timeout=10.0)

@@ -114,6 +114,12 @@ class SchedulerConfig(_Section):
     preempt_max_fraction: UnitOpenClosed = _field(
         0.25, "At most this fraction of the running set is preempted in one step.", _UNIT_OC
     )
+    force_transition_phrase: str = _field(
+        "",
+        "Text forced before `</think>` when the budget fires (like vLLM's reasoning_end_str), "
+        "so the answer starts from a closing sentence; it counts as think tokens. Empty: "
+        "`</think>` alone.",
+    )
 
     @model_validator(mode="after")
     def _think_bounds(self) -> SchedulerConfig:

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NoReturn
 
 from meridian.config.schema import KvMemoryConfig
-from meridian.core.types import Tier
+from meridian.core.types import Tier, floor_fraction
 from meridian.errors import ConfigError, FabricNotConfigured, MeridianError
 
 _TIERS: tuple[Tier, ...] = tuple(Tier)
@@ -122,9 +121,8 @@ class TieredBlockManager:
         self._config = config
         self._block_size_bytes = block_size
         self._num_blocks = capacity_bytes // block_size
-        # The epsilon absorbs float noise (0.29 * 100 == 28.999...), not a real fraction.
-        self._think_block_budget = math.floor(
-            config.think_phase_memory_fraction * self._num_blocks + 1e-9
+        self._think_block_budget = floor_fraction(
+            config.think_phase_memory_fraction, self._num_blocks
         )
         self._aggressive = config.aggressive_think_eviction
         self._num_free = self._num_blocks

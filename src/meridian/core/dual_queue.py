@@ -19,14 +19,10 @@ steps is *starving* and is served the next step whatever the limit says (the sta
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from meridian.config.schema import SchedulerConfig
-from meridian.core.types import Phase
-
-# Guards floor(multiplier * budget) against binary rounding: 2.3 * 100 is 229.99999999999997.
-_FLOOR_EPSILON = 1e-9
+from meridian.core.types import Phase, floor_fraction
 
 
 @dataclass(slots=True)
@@ -185,7 +181,7 @@ class DualQueueScheduler:
                 output.append(entry)
 
         num_output = min(len(output), capacity)
-        think_budget = math.floor(self._think_batch_multiplier * budget + _FLOOR_EPSILON)
+        think_budget = floor_fraction(self._think_batch_multiplier, budget)
         think_limit = min(think_budget, capacity - num_output)
         num_fill = max(0, min(len(think), think_limit - len(starving)))
 

@@ -10,12 +10,11 @@ request is not thrashed in and out. See ``docs/adr/0008-preemption-policy.md``.
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from meridian.core.types import Phase, Tier
+from meridian.core.types import Phase, Tier, floor_fraction
 
 
 class ReclaimMode(enum.Enum):
@@ -137,7 +136,7 @@ def select_preemption_victims(
         raise ValueError(f"readmit_guard_steps must be >= 0; got {readmit_guard_steps}")
     if needed_blocks <= 0 or not running:
         return []
-    max_victims = max(1, math.floor(max_fraction * len(running)))
+    max_victims = max(1, floor_fraction(max_fraction, len(running)))
     buckets: tuple[list[RunningRequest], ...] = ([], [], [], [], [], [])
     output = Phase.OUTPUT
     # Reversed, so that the stable sort below breaks last_touched ties toward later entries.

@@ -6,8 +6,17 @@ Everything here is plain Python so that ``meridian.core`` runs anywhere (no torc
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import TypeAlias
+
+# Absorbs binary rounding in floor(fraction * count): 0.29 * 100 is 28.999999999999996.
+_FLOOR_EPSILON = 1e-9
+
+
+def floor_fraction(fraction: float, count: int) -> int:
+    """``floor(fraction * count)`` as a person means it: 0.29 of 100 is 29, not 28."""
+    return math.floor(fraction * count + _FLOOR_EPSILON)
 
 
 class Phase(enum.IntEnum):

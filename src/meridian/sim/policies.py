@@ -26,7 +26,7 @@ from meridian.config.schema import MeridianConfig
 from meridian.core.budget import BudgetPolicy
 from meridian.core.dual_queue import DualQueueScheduler
 from meridian.core.preemption import RunningRequest, select_preemption_victims
-from meridian.core.types import Phase, PhaseEvent, Tier
+from meridian.core.types import Phase, PhaseEvent, Tier, floor_fraction
 from meridian.errors import MeridianError
 from meridian.sim.engine import Engine, SimPolicy
 from meridian.sim.state import SimRequest
@@ -211,7 +211,9 @@ class MeridianPolicy(SimPolicy):
         assert engine is not None
         if step != self._step:
             self._step, self._victims_this_step = step, 0
-        limit = max(1, int(self.config.scheduler.preempt_max_fraction * len(engine.running)))
+        limit = max(
+            1, floor_fraction(self.config.scheduler.preempt_max_fraction, len(engine.running))
+        )
         if self._victims_this_step >= limit:
             return None  # NOTE: the requester waits a step rather than exceed the per-step cap.
         running = [

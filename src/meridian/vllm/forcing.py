@@ -16,7 +16,9 @@ Per step and request, in this order::
 
 When the policy fires, the request is marked forced in the router (``ExitThink.forced`` will
 be true) and the ``think_end`` ids are emitted one per step, so a multi-token marker (Granite's
-prose) is forced whole. A request the router already saw leave THINK is never forced.
+prose) is forced whole; a configured transition phrase (``transition``, the tokens of
+``scheduler.force_transition_phrase``) is emitted first, as think tokens. A request the
+router already saw leave THINK is never forced.
 
 Keys are the processor's own (e.g. the persistent-batch slot plus a generation counter); a
 request that is preempted and re-added later is started again from its prompt and replays
@@ -86,10 +88,12 @@ class ThinkForcer:
         model: ReasoningModel,
         policy: BudgetPolicy,
         on_force: Callable[[ForceRecord], None] | None = None,
+        transition: Sequence[int] = (),
     ) -> None:
         self.model = model
         self.policy = policy
         self.on_force = on_force
+        self.transition = tuple(transition)
         self.router = PhaseRouter()
         self._rows: dict[str, _Row] = {}
         # The most recent decisions (bounded: the processor lives as long as the server).
@@ -177,9 +181,13 @@ class ThinkForcer:
         self.records.append(record)
         if self.on_force is not None:
             self.on_force(record)
-        # A partly generated multi-token marker is completed, not restarted.
+        # A partly generated multi-token marker is completed, not restarted (and then
+        # the transition phrase would split it, so it is left out).
         ids = self.model.think_end
-        row.pending = list(ids[st.marker_progress :] if st.marker_progress else ids)
+        if st.marker_progress:
+            row.pending = list(ids[st.marker_progress :])
+        else:
+            row.pending = [*self.transition, *ids]
         return row.pending.pop(0)
 
     def phase(self, key: str) -> Phase:

@@ -90,7 +90,10 @@ class _ProcessorCore:
         # Reaches /metrics like the scheduler's metrics ($PROMETHEUS_MULTIPROC_DIR).
         self.metrics = MeridianMetrics(CollectorRegistry())
         self.forcer = ThinkForcer(
-            runtime.model, BudgetPolicy(config.scheduler, config.entropy), self._count_force
+            runtime.model,
+            BudgetPolicy(config.scheduler, config.entropy),
+            self._count_force,
+            transition=runtime.transition_ids,
         )
         self.num_errors = 0
         self._logged: set[tuple[str, str]] = set()

@@ -62,9 +62,9 @@ class SchedulerStats:
     ``max_answer_gap_steps`` is the largest number of scheduler steps between two consecutive
     answer tokens of one request (1 = a token every step): a preempted or held answer stream
     shows here as a stall. ``num_forced_inferred`` counts think phases that ended exactly at
-    its hard cap: hard-cap forces as seen from the token stream
-    (entropy-driven forces are known only to the worker's logits processor). The cap is the
-    request's ``meridian_max_think_tokens``, else ``scheduler.max_think_tokens``.
+    their hard cap (plus the transition phrase, if configured): hard-cap forces as seen from
+    the token stream (entropy-driven forces are known only to the worker's logits processor).
+    The cap is the request's ``meridian_max_think_tokens``, else ``scheduler.max_think_tokens``.
     """
 
     num_steps: int = 0
@@ -138,6 +138,7 @@ class RunningOrder:
         capacity: int,
         output_budget: int | None = None,
         metrics: MeridianMetrics | None = None,
+        transition_len: int = 0,
     ) -> None:
         if block_size < 1 or capacity < 1:
             raise ValueError(f"block_size and capacity must be >= 1; got {block_size}, {capacity}")
@@ -150,6 +151,8 @@ class RunningOrder:
         self.preempt_max_fraction = float(config.preempt_max_fraction)
         self.default_max_think_tokens = int(config.max_think_tokens)
         self.metrics = metrics
+        # A forced think phase ends transition_len think tokens after its cap (the phrase).
+        self.transition_len = transition_len
         # OTLP spans and phase events ([telemetry] otlp_enabled); the no-op tracer costs nothing.
         self.tracer: Tracer = Tracer()
         self.stats = SchedulerStats()
@@ -325,7 +328,7 @@ class RunningOrder:
         stats.num_think_exits += 1
         stats.think_tokens_total += event.think_tokens
         cap = self._tracked[rid].cap
-        forced = cap is not None and event.think_tokens == cap
+        forced = cap is not None and event.think_tokens == cap + self.transition_len
         if forced:
             stats.num_forced_inferred[ForceReason.HARD_CAP] += 1
             if self.tracer.enabled:

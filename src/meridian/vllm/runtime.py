@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ from meridian.config import (
 from meridian.config.boundaries import TokenizerLike
 from meridian.core.budget import RequestBudget
 from meridian.core.router import ReasoningModel
-from meridian.errors import BoundaryError, MeridianError
+from meridian.errors import BoundaryError, ConfigError, MeridianError
 
 __all__ = [
     "ENV_CONFIG",
@@ -55,6 +55,7 @@ __all__ = [
     "parse_request_budget",
     "resolve_runtime",
     "runtime_from_vllm_config",
+    "transition_ids",
 ]
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class MeridianRuntime:
 
     ``boundaries`` is ``None`` for a model without reasoning (``model.has_boundaries`` false).
     ``reason`` says in words how the model family was chosen (for logs and ``meridian serve``).
+    ``transition_ids`` are ``scheduler.force_transition_phrase`` in the model's tokens: forced
+    before ``think_end`` when the budget fires (``()``: none).
     """
 
     config: MeridianConfig
@@ -95,6 +98,7 @@ class MeridianRuntime:
     model: ReasoningModel
     boundaries: BoundaryIds | None
     reason: str
+    transition_ids: tuple[int, ...] = ()
 
     @property
     def think_end_ids(self) -> tuple[int, ...]:
@@ -123,10 +127,48 @@ def resolve_runtime(
 
     ``tokenizer`` is a ``{token: id}`` mapping or a tokenizer (``get_vocab``/``encode``);
     ``None`` when vLLM skips tokenizer init, in which case only configured ids can be used.
-    Raises :class:`~meridian.errors.ConfigError` for an unknown ``model_name`` and
-    :class:`~meridian.errors.BoundaryError` when the named family does not resolve.
+    Raises :class:`~meridian.errors.ConfigError` for an unknown ``model_name`` or a
+    transition phrase that cannot be used, and :class:`~meridian.errors.BoundaryError` when
+    the named family does not resolve.
     """
     cfg = config if config is not None else MeridianConfig()
+    runtime = _resolve_family(tokenizer, cfg, config_source, model_name, reasoning_parser)
+    phrase = cfg.scheduler.force_transition_phrase
+    if not phrase or not runtime.model.has_boundaries:
+        return runtime
+    return replace(runtime, transition_ids=transition_ids(phrase, tokenizer, runtime.model))
+
+
+def transition_ids(
+    phrase: str, tokenizer: TokenizerLike | None, model: ReasoningModel
+) -> tuple[int, ...]:
+    """``phrase`` in the model's tokens, checked to be usable before ``think_end``."""
+    field = "scheduler.force_transition_phrase"
+    encode = getattr(tokenizer, "encode", None)
+    if encode is None:
+        raise ConfigError(
+            f"{field} needs the model's tokenizer to encode it, and this engine has none "
+            "(skip_tokenizer_init); remove the phrase or start vLLM with its tokenizer"
+        )
+    ids = tuple(int(i) for i in encode(phrase, add_special_tokens=False))
+    end = model.think_end
+    if not ids:
+        raise ConfigError(f"{field}: {phrase!r} encodes to no tokens")
+    if any(ids[i : i + len(end)] == end for i in range(len(ids) - len(end) + 1)):
+        raise ConfigError(
+            f"{field}: {phrase!r} contains the think-end marker; the phrase is forced before "
+            "it, so leave the marker out"
+        )
+    return ids
+
+
+def _resolve_family(
+    tokenizer: TokenizerLike | None,
+    cfg: MeridianConfig,
+    config_source: Path | None,
+    model_name: str | None,
+    reasoning_parser: str,
+) -> MeridianRuntime:
     if model_name:
         definition = cfg.model_definition(model_name)
         if tokenizer is None:

@@ -114,6 +114,7 @@ class MeridianScheduler(Scheduler):
             capacity=self.max_num_running_reqs,
             output_budget=_output_budget(self.meridian.config.scheduler.output_budget_rows),
             metrics=self.meridian_metrics,
+            transition_len=len(self.meridian.transition_ids),
         )
         self._logged_errors: set[tuple[str, str]] = set()
         # (request, new token ids) of the step being processed by update_from_output.
