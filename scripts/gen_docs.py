@@ -88,9 +88,10 @@ ADVICE: dict[str, str] = {
         "are served. The default bounds a think request's wait to 8 steps."
     ),
     "scheduler.output_budget_rows": (
-        "Measure the largest decode batch whose step stays under output_tpot_budget_ms "
-        "(e.g. with bench_vllm_overhead or your own profile) and set it here; leave 0 until "
-        "you have that number. $MERIDIAN_OUTPUT_BUDGET_ROWS overrides it."
+        'Leave "auto": the scheduler fits decode step time against batch rows as it runs and '
+        "defers thinking requests only once steps exceed output_tpot_budget_ms. Pin a number "
+        "if the fit wanders on a noisy host (it never binds before 32 decode steps were seen); "
+        "0 turns deferral off. $MERIDIAN_OUTPUT_BUDGET_ROWS overrides it."
     ),
     "scheduler.preempt_max_fraction": (
         "Caps the work one step can throw away under KV pressure. Lower it if throughput collapses "

@@ -32,6 +32,7 @@ from meridian.vllm.runtime import (
     resolve_runtime,
 )
 from meridian.vllm.serve import build_serve_argv
+from meridian.vllm.steptime import DecodeStepTime
 
 START, END = 3, 4
 MODEL = ReasoningModel(think_start=(START,), think_end=(END,))
@@ -628,8 +629,90 @@ def test_output_budget_rows_come_from_config_and_the_environment_overrides(
     monkeypatch.delenv(ENV_OUTPUT_BUDGET_ROWS, raising=False)
     assert _output_budget(0) is None  # 0: the whole batch, no deferral
     assert _output_budget(48) == 48
+    assert _output_budget("auto") == "auto"
+    assert SchedulerConfig().output_budget_rows == "auto"
     monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "16")
     assert _output_budget(48) == 16
-    monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "lots")
-    with pytest.raises(ConfigError, match="MERIDIAN_OUTPUT_BUDGET_ROWS must be a positive"):
-        _output_budget(48)
+    monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "0")
+    assert _output_budget("auto") is None
+    monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "auto")
+    assert _output_budget(48) == "auto"
+    for bad in ("lots", "-3"):
+        monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, bad)
+        with pytest.raises(ConfigError, match='MERIDIAN_OUTPUT_BUDGET_ROWS must be "auto" or'):
+            _output_budget(48)
+
+
+def test_output_budget_rows_config_values() -> None:
+    assert SchedulerConfig.model_validate({"output_budget_rows": 0}).output_budget_rows == 0
+    for bad in (-1, "many", True, 2.5):
+        with pytest.raises(ValueError, match=r"must be \"auto\" or a number of rows"):
+            SchedulerConfig.model_validate({"output_budget_rows": bad})
+
+
+# -- the measured output budget -------------------------------------------------------------
+
+
+def _fed(samples: list[tuple[int, float]], **kw: Any) -> DecodeStepTime:
+    model = DecodeStepTime(**kw)
+    for rows, seconds in samples:
+        model.observe(rows, seconds)
+    return model
+
+
+def test_step_time_fit_recovers_a_linear_model() -> None:
+    # t = 2 ms + 0.1 ms per row, rows cycling 10..80.
+    samples = [(r, 0.002 + 0.0001 * r) for r in range(10, 81, 10)] * 6
+    model = _fed(samples)
+    fitted = model.fit()
+    assert fitted is not None
+    assert fitted[0] == pytest.approx(0.002) and fitted[1] == pytest.approx(0.0001)
+    # 20 ms fits (20 - 2) / 0.1 = 180 rows, more than were ever seen: no cap.
+    assert model.rows_within(0.020, 256) is None
+    # 6 ms fits 40 rows (batches of up to 80 were seen, at 10 ms).
+    assert model.rows_within(0.006, 256) == 40
+    # Never below 1 row; no cap when the largest possible batch (max_rows) fits.
+    assert model.rows_within(0.0001, 256) == 1
+    assert model.rows_within(0.006, 30) is None
+
+
+def test_step_time_needs_samples_and_uses_proportion_for_one_batch_size() -> None:
+    assert _fed([(64, 0.04)] * 31).rows_within(0.02, 256) is None  # too few samples yet
+    model = _fed([(64, 0.04)] * 32)
+    assert model.fit() == pytest.approx((0.0, 0.04 / 64))
+    assert model.rows_within(0.02, 256) == 32  # half the time: half the rows
+    assert _fed([(64, 0.01)] * 32).rows_within(0.02, 256) is None  # it fits already
+
+
+def test_step_time_follows_a_change_in_speed() -> None:
+    slow = [(r, 0.0002 * r) for r in (20, 40, 60, 80)] * 10
+    fast = [(r, 0.00005 * r) for r in (20, 40, 60, 80)] * 40
+    model = _fed(slow)
+    assert model.rows_within(0.008, 256) == 40
+    for rows, seconds in fast:
+        model.observe(rows, seconds)
+    assert model.rows_within(0.008, 256) is None  # 80 rows now take 4 ms
+
+
+def test_step_time_rejects_bad_samples_and_settings() -> None:
+    with pytest.raises(ValueError, match="rows >= 1 and a positive time"):
+        DecodeStepTime().observe(0, 0.01)
+    with pytest.raises(ValueError, match="rows >= 1 and a positive time"):
+        DecodeStepTime().observe(4, float("nan"))
+    with pytest.raises(ValueError, match="decay must be in"):
+        DecodeStepTime(decay=1.0)
+    with pytest.raises(ValueError, match="min_samples must be"):
+        DecodeStepTime(min_samples=1)
+
+
+def test_a_new_output_budget_replans_the_next_step() -> None:
+    order = make_order(output_budget=None)
+    reqs = [admitted(order, f"t{i}", THINK_PROMPT) for i in range(6)]
+    order.order(reqs, 0, 100)
+    assert order.stats.num_deferred == 0
+    before = order.stats.num_reordered_steps
+    order.order(reqs, 1, 100)
+    assert order.stats.num_reordered_steps == before  # nothing changed: the order is reused
+    order.set_output_budget(1)  # think limit: floor(2.5 * 1) = 2 of 6 thinking requests
+    order.order(reqs, 2, 100)
+    assert order.stats.num_reordered_steps == before + 1 and order.stats.num_deferred == 4

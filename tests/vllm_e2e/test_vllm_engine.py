@@ -178,6 +178,31 @@ def test_preemption_by_phase(engine: Any, chat_prompt: Prompt) -> None:
     timed("preemption by phase", start)
 
 
+def test_measured_output_budget_defers_thinking_requests(
+    engine: Any, chat_prompt: Prompt, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """output_budget_rows = "auto" (the default): with an output TPOT budget no step can meet,
+    the measured budget drops to 1 row, thinking requests beyond 2.5 rows are deferred, and
+    greedy outputs stay token-identical to stock vLLM's."""
+    start = time.perf_counter()
+    config = tmp_path / "meridian.toml"
+    config.write_text("[scheduler]\noutput_tpot_budget_ms = 0.001\n")
+    prompts = [chat_prompt(i) for i in range(8)]
+    params = greedy(120, meridian_forcing="off")
+    with engine(meridian=False) as llm:
+        stock = token_ids(llm.generate(prompts, params, use_tqdm=False))
+    monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
+    with engine(meridian=True) as llm:
+        ours = token_ids(llm.generate(prompts, params, use_tqdm=False))
+        scheduler = scheduler_of(llm)
+        assert scheduler.meridian_step_time.num_samples >= 32
+        assert scheduler.meridian_policy.output_budget == 1
+        assert scheduler.meridian_stats.num_deferred > 0
+        assert scheduler.meridian_stats.policy_errors == 0
+    assert ours == stock
+    timed("measured output budget", start)
+
+
 def test_bad_request_args_fail_that_request_only(engine: Any, chat_prompt: Prompt) -> None:
     with engine(meridian=True) as llm:
         with pytest.raises(VLLMValidationError, match='meridian_forcing must be "on" or "off"'):

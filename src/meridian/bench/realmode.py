@@ -135,7 +135,10 @@ async def _one(
                 async for line in resp.aiter_lines():
                     _consume(line, rec, now_ns())
         except (httpx.HTTPError, RealModeError) as exc:
-            errors.append(f"{spec.request_id}: {type(exc).__name__}: {exc}")
+            errors.append(
+                f"{spec.request_id}: {type(exc).__name__}: {exc} (after {rec.num_think_tokens} "
+                f"reasoning and {rec.num_answer_tokens} answer deltas)"
+            )
             return rec
     if rec.first_token_ns is not None:
         rec.finish_ns = rec.answer_token_ns[-1] if rec.answer_token_ns else now_ns()

@@ -77,6 +77,17 @@ def _capacity(value: object) -> int | Literal["auto"]:
 CapacityBytes = Annotated[int | Literal["auto"], PlainValidator(_capacity)]
 
 
+def _rows(value: object) -> int | Literal["auto"]:
+    if value == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ValueError('must be "auto" or a number of rows >= 0 (0: the whole batch)')
+
+
+BudgetRows = Annotated[int | Literal["auto"], PlainValidator(_rows)]
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, frozen=True)
 
@@ -104,12 +115,13 @@ class SchedulerConfig(_Section):
     think_starvation_steps: PosU32 = _field(
         8, "A think request deferred this many consecutive steps is served.", _U32P
     )
-    output_budget_rows: U64 = _field(
-        0,
-        "Rows per step that keep answer streams within output_tpot_budget_ms on your hardware; "
-        "think rows fill up to think_batch_multiplier x this. 0 = the whole batch (no "
-        "deferral). The simulator derives it from its step-time model.",
-        _U64,
+    output_budget_rows: BudgetRows = _field(
+        "auto",
+        "Rows per step that keep answer streams within output_tpot_budget_ms; think rows fill "
+        'up to think_batch_multiplier x this. "auto": derived from the decode step times the '
+        "vLLM scheduler measures (no deferral until a step is over budget); 0: the whole batch "
+        "(no deferral). The simulator derives it from its step-time model.",
+        '"auto" or [0, inf)',
     )
     preempt_max_fraction: UnitOpenClosed = _field(
         0.25, "At most this fraction of the running set is preempted in one step.", _UNIT_OC

@@ -13,8 +13,8 @@ Use with vLLM (offline ``LLM(...)`` keywords, or the same flags on the OpenAI se
 
 Environment (inherited by vLLM's engine and worker processes): ``MERIDIAN_CONFIG`` (path of
 meridian.toml), ``MERIDIAN_MODEL`` (model family; auto-detected when unset),
-``MERIDIAN_OUTPUT_BUDGET_ROWS`` (overrides ``[scheduler] output_budget_rows``; 0/unset: no
-deferral).
+``MERIDIAN_OUTPUT_BUDGET_ROWS`` (overrides ``[scheduler] output_budget_rows``: ``auto``, 0 for
+no deferral, or a number of rows).
 """
 
 from __future__ import annotations

@@ -429,6 +429,12 @@ class RunningOrder:
         self.stats.num_reordered_steps += 1
         return order
 
+    def set_output_budget(self, rows: int | None) -> None:
+        """Change the output budget (rows; ``None``: the whole batch); the next step re-plans."""
+        if rows != self.output_budget:
+            self.output_budget = rows
+            self._dirty = True
+
     def hold_answers(self, order: Sequence[Any], step: int, num_free_blocks: int) -> int:
         """Hold answer streams that need a KV block nobody can give this step; how many.
 

@@ -51,6 +51,7 @@ from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import make_tracer
 from meridian.vllm.policy import RunningOrder, SchedulerStats
 from meridian.vllm.runtime import MeridianRuntime, runtime_from_vllm_config
+from meridian.vllm.steptime import DecodeStepTime
 
 __all__ = [
     "ENV_OUTPUT_BUDGET_ROWS",
@@ -63,23 +64,30 @@ logger = logging.getLogger(__name__)
 
 # Rows per step that keep answer streams within scheduler.output_tpot_budget_ms: the config's
 # scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
-# like $MERIDIAN_CONFIG). 0 / unset: the whole batch (no deferral).
+# like $MERIDIAN_CONFIG). "auto": measured (meridian.vllm.steptime); 0: the whole batch.
 ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
 # meridian_schedule_overhead_seconds samples are published in batches of this many steps.
 OVERHEAD_SAMPLES_PER_PUBLISH = 32
+# With "auto", the output budget is re-derived from the step-time fit every this many samples.
+BUDGET_REFIT_STEPS = 16
 
 
-def _output_budget(configured: int) -> int | None:
+def _output_budget(configured: int | str) -> int | str | None:
+    """The output budget in force: rows, ``None`` (the whole batch) or ``"auto"``."""
     raw = os.environ.get(ENV_OUTPUT_BUDGET_ROWS, "").strip()
-    if not raw:
-        return configured or None
-    try:
-        rows = int(raw)
-    except ValueError:
-        rows = 0
-    if rows < 1:
-        raise ConfigError(f"${ENV_OUTPUT_BUDGET_ROWS} must be a positive integer; got {raw!r}")
-    return rows
+    value: int | str = configured
+    if raw:
+        try:
+            value = "auto" if raw == "auto" else int(raw)
+        except ValueError:
+            value = -1
+        if value != "auto" and int(value) < 0:
+            raise ConfigError(
+                f'${ENV_OUTPUT_BUDGET_ROWS} must be "auto" or a number of rows >= 0; got {raw!r}'
+            )
+    if value == "auto":
+        return "auto"
+    return int(value) or None
 
 
 class MeridianScheduler(Scheduler):
@@ -107,15 +115,21 @@ class MeridianScheduler(Scheduler):
         # $PROMETHEUS_MULTIPROC_DIR the values also go to that directory, where the API
         # server's /metrics collects them (the channel `meridian serve` sets up).
         self.meridian_metrics = MeridianMetrics(CollectorRegistry())
+        budget = _output_budget(self.meridian.config.scheduler.output_budget_rows)
+        # "auto": no deferral until measured decode steps say the budget binds.
+        self.meridian_step_time = DecodeStepTime() if budget == "auto" else None
         self.meridian_policy = RunningOrder(
             self.meridian.model,
             self.meridian.config.scheduler,
             block_size=self.block_size,
             capacity=self.max_num_running_reqs,
-            output_budget=_output_budget(self.meridian.config.scheduler.output_budget_rows),
+            output_budget=None if isinstance(budget, str) else budget,
             metrics=self.meridian_metrics,
             transition_len=len(self.meridian.transition_ids),
         )
+        self._output_tpot_s = self.meridian.config.scheduler.output_tpot_budget_ms / 1000
+        # (rows, start time) of the last step if it was decode-only (a step-time sample).
+        self._timed_step: tuple[int, float] | None = None
         self._logged_errors: set[tuple[str, str]] = set()
         # (request, new token ids) of the step being processed by update_from_output.
         self._step_tokens: list[tuple[Any, list[int]]] = []
@@ -167,6 +181,8 @@ class MeridianScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         stats = self.meridian_stats
         start = time.perf_counter()
+        if self._timed_step is not None:
+            self._sample_step_time(start)
         if self.meridian_reorders and len(self.running) > 1:
             try:
                 free = self.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -187,8 +203,28 @@ class MeridianScheduler(Scheduler):
         else:
             output = super().schedule(*args, **kwargs)
         stats.stock_schedule_s += time.perf_counter() - stock_start
-        stats.num_scheduled_tokens += int(getattr(output, "total_num_scheduled_tokens", 0))
+        tokens = int(getattr(output, "total_num_scheduled_tokens", 0))
+        stats.num_scheduled_tokens += tokens
+        if self.meridian_step_time is not None:
+            rows = len(getattr(output, "num_scheduled_tokens", ()))
+            # Decode-only (one token per row): its time is what an answer stream waits.
+            self._timed_step = (rows, start) if rows and tokens == rows else None
         return output
+
+    def _sample_step_time(self, now: float) -> None:
+        """The last step's wall time into the fit; every few samples, the output budget."""
+        timed, step_time = self._timed_step, self.meridian_step_time
+        self._timed_step = None
+        if timed is None or step_time is None:
+            return
+        rows, started = timed
+        try:
+            step_time.observe(rows, now - started)
+            if step_time.num_samples % BUDGET_REFIT_STEPS == 0:
+                budget = step_time.rows_within(self._output_tpot_s, self.max_num_running_reqs)
+                self.meridian_policy.set_output_budget(budget)
+        except Exception as exc:
+            self._policy_error("step_time", exc)
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         stats = self.meridian_stats
@@ -197,6 +233,8 @@ class MeridianScheduler(Scheduler):
             return super().update_from_output(*args, **kwargs)
         finally:
             self._observe_step()
+            if self._timed_step is not None and not self.has_unfinished_requests():
+                self._timed_step = None  # the engine idles until the next request: no sample
             ours = stats.update_overhead_s - ours_before
             stats.stock_update_s += time.perf_counter() - start - ours
             self._sample_overhead()
