@@ -66,26 +66,26 @@ PosU64 = Annotated[int, _U64P_V]
 PosU32 = Annotated[int, _U32P_V]
 
 
-def _capacity(value: object) -> int | Literal["auto"]:
-    if value == "auto":
-        return "auto"
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ValueError('must be a positive number of bytes or "auto"')
+def _auto_or_int(minimum: int, message: str) -> PlainValidator:
+    """A validator for ``"auto"`` or an integer (not a bool) of at least ``minimum``."""
+
+    def check(value: object) -> int | Literal["auto"]:
+        if value == "auto":
+            return "auto"
+        if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+            return value
+        raise ValueError(message)
+
+    return PlainValidator(check)
 
 
-CapacityBytes = Annotated[int | Literal["auto"], PlainValidator(_capacity)]
-
-
-def _rows(value: object) -> int | Literal["auto"]:
-    if value == "auto":
-        return "auto"
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise ValueError('must be "auto" or a number of rows >= 0 (0: the whole batch)')
-
-
-BudgetRows = Annotated[int | Literal["auto"], PlainValidator(_rows)]
+CapacityBytes = Annotated[
+    int | Literal["auto"], _auto_or_int(1, 'must be a positive number of bytes or "auto"')
+]
+BudgetRows = Annotated[
+    int | Literal["auto"],
+    _auto_or_int(0, 'must be "auto" or a number of rows >= 0 (0: the whole batch)'),
+]
 
 
 class _Section(BaseModel):
