@@ -68,7 +68,8 @@ logger = logging.getLogger(__name__)
 ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
 # meridian_schedule_overhead_seconds samples are published in batches of this many steps.
 OVERHEAD_SAMPLES_PER_PUBLISH = 32
-# With "auto", the output budget is re-derived from the step-time fit every this many samples.
+# With "auto", step-time samples are folded into the fit, and the output budget re-derived, in
+# batches of this many.
 BUDGET_REFIT_STEPS = 16
 
 
@@ -130,6 +131,8 @@ class MeridianScheduler(Scheduler):
         self._output_tpot_s = self.meridian.config.scheduler.output_tpot_budget_ms / 1000
         # (rows, start time) of the last step if it was decode-only (a step-time sample).
         self._timed_step: tuple[int, float] | None = None
+        # (rows, seconds) of decode-only steps not yet folded into the fit.
+        self._step_samples: list[tuple[int, float]] = []
         self._logged_errors: set[tuple[str, str]] = set()
         # (request, new token ids) of the step being processed by update_from_output.
         self._step_tokens: list[tuple[Any, list[int]]] = []
@@ -181,8 +184,13 @@ class MeridianScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         stats = self.meridian_stats
         start = time.perf_counter()
-        if self._timed_step is not None:
-            self._sample_step_time(start)
+        timed = self._timed_step
+        if timed is not None:
+            # The last step's wall time: a sample of the step-time fit, folded in by batches.
+            self._timed_step = None
+            self._step_samples.append((timed[0], start - timed[1]))
+            if len(self._step_samples) >= BUDGET_REFIT_STEPS:
+                self._refit_output_budget()
         if self.meridian_reorders and len(self.running) > 1:
             try:
                 free = self.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -211,18 +219,17 @@ class MeridianScheduler(Scheduler):
             self._timed_step = (rows, start) if rows and tokens == rows else None
         return output
 
-    def _sample_step_time(self, now: float) -> None:
-        """The last step's wall time into the fit; every few samples, the output budget."""
-        timed, step_time = self._timed_step, self.meridian_step_time
-        self._timed_step = None
-        if timed is None or step_time is None:
+    def _refit_output_budget(self) -> None:
+        """Fold the collected step-time samples into the fit and derive the output budget."""
+        samples, step_time = self._step_samples, self.meridian_step_time
+        self._step_samples = []
+        if step_time is None:
             return
-        rows, started = timed
         try:
-            step_time.observe(rows, now - started)
-            if step_time.num_samples % BUDGET_REFIT_STEPS == 0:
-                budget = step_time.rows_within(self._output_tpot_s, self.max_num_running_reqs)
-                self.meridian_policy.set_output_budget(budget)
+            for rows, seconds in samples:
+                step_time.observe(rows, seconds)
+            budget = step_time.rows_within(self._output_tpot_s, self.max_num_running_reqs)
+            self.meridian_policy.set_output_budget(budget)
         except Exception as exc:
             self._policy_error("step_time", exc)
 
