@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -71,8 +72,8 @@ def test_phases_are_split_into_ttft_ttfvt_ttot_and_itl(server: str) -> None:
         RequestSpec("r0", 0, 10, 20, 10, RequestKind.REASONING),
         RequestSpec("r1", 20_000_000, 10, 0, 10, RequestKind.CHAT),
     ]
-    result, errors = run_real(RealRunSpec(url=server, model="tiny"), specs)
-    assert errors == []
+    result, errors, retried = run_real(RealRunSpec(url=server, model="tiny"), specs)
+    assert errors == [] and retried == []
     think, chat = result.records
     assert think.num_think_tokens == THINK_DELTAS and think.num_answer_tokens == ANSWER_DELTAS
     assert think.first_token_ns is not None and think.first_answer_ns is not None
@@ -87,10 +88,45 @@ def test_phases_are_split_into_ttft_ttfvt_ttot_and_itl(server: str) -> None:
     assert chat.first_token_ns is not None and chat.first_token_ns >= 20_000_000
 
 
+class ResettingOpenAI(FakeOpenAI):
+    """Drops the connection of its first ``resets`` POSTs before sending any response."""
+
+    resets = 0
+
+    def do_POST(self) -> None:
+        if ResettingOpenAI.resets > 0:
+            ResettingOpenAI.resets -= 1
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        super().do_POST()
+
+
+@pytest.mark.parametrize(("resets", "failed"), [(2, 0), (3, 1)])
+def test_connection_failures_before_a_response_are_sent_again(resets: int, failed: int) -> None:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), ResettingOpenAI)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    ResettingOpenAI.resets = resets
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+        specs = [RequestSpec("r0", 0, 10, 20, 10, RequestKind.REASONING)]
+        result, errors, retried = run_real(RealRunSpec(url=url, model="tiny"), specs)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    # Two more attempts at most: two resets are absorbed, a third is a failure.
+    assert len(retried) == 2 and all("before a response" in r for r in retried)
+    assert len(errors) == failed
+    assert result.records[0].finished == (failed == 0)
+    if failed:
+        assert "after 0 reasoning and 0 answer deltas" in errors[0]
+
+
 def test_failures_are_reported_not_dropped(server: str) -> None:
     specs = [RequestSpec("r0", 0, 10, 0, 5, RequestKind.CHAT)]
-    result, errors = run_real(RealRunSpec(url=server, model="other"), specs)
-    assert len(errors) == 1 and "HTTP 404" in errors[0]
+    result, errors, retried = run_real(RealRunSpec(url=server, model="other"), specs)
+    assert len(errors) == 1 and "HTTP 404" in errors[0] and retried == []
     assert len(result.records) == 1 and not result.records[0].finished
 
 

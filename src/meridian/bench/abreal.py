@@ -115,7 +115,7 @@ def scrape_counters(text: str) -> tuple[dict[Phase, int], int]:
 
 def run_side(
     side: str, spec: AbRealSpec, requests: Sequence[RequestSpec]
-) -> tuple[SimResult, list[str]]:
+) -> tuple[SimResult, list[str], list[str]]:
     """Start one side's server, replay ``requests``, scrape its counters, stop it."""
     port = free_port()
     log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix="meridian-abreal-"))
@@ -140,7 +140,7 @@ def run_side(
             run = RealRunSpec(
                 url=f"{url}/v1", model=spec.model, replay_think_lengths=spec.replay_think_lengths
             )
-            result, errors = run_real(run, requests, side)
+            result, errors, retried = run_real(run, requests, side)
             preemptions, evictions = scrape_counters(httpx.get(f"{url}/metrics", timeout=10).text)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -151,4 +151,4 @@ def run_side(
                 proc.wait()
     result.counters.preemptions_by_phase = preemptions
     result.counters.num_output_critical_evictions = evictions
-    return result, errors
+    return result, errors, retried

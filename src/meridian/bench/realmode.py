@@ -31,6 +31,11 @@ from meridian.sim.request import RequestSpec
 
 # Seconds an idle client connection is kept for reuse (below any server's keep-alive timeout).
 KEEPALIVE_S = 1.0
+# A request whose connection fails before any response (a reset under load: vLLM's API server
+# sometimes closes a connection before the headers) is sent again, at most this many times.
+MAX_RETRIES = 2
+# Such failures: nothing of the response was seen, so the server did not serve the request.
+_RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 _WORDS = tuple(
     [
@@ -101,6 +106,7 @@ async def _one(
     t0: float,
     sem: asyncio.Semaphore,
     errors: list[str],
+    retried: list[str],
 ) -> RequestRecord:
     rec = RequestRecord.for_spec(spec, settle_token=False)
     delay = t0 + spec.arrival_ns / 1e9 - time.perf_counter()
@@ -124,22 +130,29 @@ async def _one(
         return int((time.perf_counter() - t0) * 1e9)
 
     async with sem:
-        try:
-            async with client.stream(
-                "POST", "/chat/completions", json=body, timeout=run.request_timeout_s
-            ) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode(errors="replace")[:300]
-                    errors.append(f"{spec.request_id}: HTTP {resp.status_code}: {text}")
-                    return rec
-                async for line in resp.aiter_lines():
-                    _consume(line, rec, now_ns())
-        except (httpx.HTTPError, RealModeError) as exc:
-            errors.append(
-                f"{spec.request_id}: {type(exc).__name__}: {exc} (after {rec.num_think_tokens} "
-                f"reasoning and {rec.num_answer_tokens} answer deltas)"
-            )
-            return rec
+        for attempt in range(MAX_RETRIES + 1):
+            answered = False
+            try:
+                async with client.stream(
+                    "POST", "/chat/completions", json=body, timeout=run.request_timeout_s
+                ) as resp:
+                    answered = True
+                    if resp.status_code != 200:
+                        text = (await resp.aread()).decode(errors="replace")[:300]
+                        errors.append(f"{spec.request_id}: HTTP {resp.status_code}: {text}")
+                        return rec
+                    async for line in resp.aiter_lines():
+                        _consume(line, rec, now_ns())
+                break
+            except (httpx.HTTPError, RealModeError) as exc:
+                if not answered and attempt < MAX_RETRIES and isinstance(exc, _RETRYABLE):
+                    retried.append(f"{spec.request_id}: {type(exc).__name__} before a response")
+                    continue
+                errors.append(
+                    f"{spec.request_id}: {type(exc).__name__}: {exc} (after "
+                    f"{rec.num_think_tokens} reasoning and {rec.num_answer_tokens} answer deltas)"
+                )
+                return rec
     if rec.first_token_ns is not None:
         rec.finish_ns = rec.answer_token_ns[-1] if rec.answer_token_ns else now_ns()
     return rec
@@ -186,8 +199,9 @@ async def _run_all(
     run: RealRunSpec,
     specs: Sequence[RequestSpec],
     on_done: Callable[[int], None] | None,
-) -> tuple[list[RequestRecord], list[str], int]:
+) -> tuple[list[RequestRecord], list[str], list[str], int]:
     errors: list[str] = []
+    retried: list[str] = []
     sem = asyncio.Semaphore(run.max_concurrency)
     # Idle connections are dropped well before servers close them (uvicorn's keep-alive
     # timeout, vLLM's default 5 s): reusing one the server is closing fails with ReadError.
@@ -200,13 +214,13 @@ async def _run_all(
                 f"cannot reach {run.url}/models ({type(exc).__name__}); is the server up?"
             ) from None
         t0 = time.perf_counter()
-        tasks = [asyncio.create_task(_one(client, run, s, t0, sem, errors)) for s in specs]
+        tasks = [asyncio.create_task(_one(client, run, s, t0, sem, errors, retried)) for s in specs]
         for done, fut in enumerate(asyncio.as_completed(tasks), start=1):
             await fut
             if on_done is not None:
                 on_done(done)
         end_ns = int((time.perf_counter() - t0) * 1e9)
-        return [t.result() for t in tasks], errors, end_ns
+        return [t.result() for t in tasks], errors, retried, end_ns
 
 
 def run_real(
@@ -214,10 +228,11 @@ def run_real(
     specs: Sequence[RequestSpec],
     label: str = "server",
     on_done: Callable[[int], None] | None = None,
-) -> tuple[SimResult, list[str]]:
-    """Replay ``specs`` against the server; a :class:`SimResult` (for the same reports) and the
-    per-request errors (requests that failed are reported as unfinished, never dropped)."""
-    records, errors, end_ns = asyncio.run(_run_all(run, specs, on_done))
+) -> tuple[SimResult, list[str], list[str]]:
+    """Replay ``specs`` against the server: a :class:`SimResult` (for the same reports), the
+    per-request errors (requests that failed are reported as unfinished, never dropped) and
+    the requests sent again after their connection failed before any response."""
+    records, errors, retried, end_ns = asyncio.run(_run_all(run, specs, on_done))
     result = SimResult(
         policy=label,
         num_kv_blocks=0,
@@ -226,4 +241,4 @@ def run_real(
         counters=RunCounters(),
         end_ns=end_ns,
     )
-    return result, errors
+    return result, errors, retried

@@ -220,7 +220,7 @@ def run_real_cmd(args: argparse.Namespace) -> int:
         console=console,
     ) as progress:
         task = progress.add_task(f"{args.label} @ {args.arrival_rate:g} req/s", total=len(requests))
-        result, errors = run_real(
+        result, errors, retried = run_real(
             RealRunSpec(
                 url=args.url, model=args.model, replay_think_lengths=args.replay_think_lengths
             ),
@@ -233,12 +233,21 @@ def run_real_cmd(args: argparse.Namespace) -> int:
     if not args.no_plots:
         written += write_plots({args.label: result}, args.out_dir, slo)
     _print_summary(console, report)
+    _print_retried(console, args.label, retried)
     for line in errors[:10]:
         console.print(f"[red]failed[/red] {line}")
     if errors:
         console.print(f"{len(errors)} of {len(requests)} requests failed (reported as unfinished)")
     console.print(f"wrote {len(written)} files under {args.out_dir}/")
     return 1 if len(errors) == len(requests) else 0
+
+
+def _print_retried(console: Console, side: str, retried: list[str]) -> None:
+    if retried:
+        console.print(
+            f"{side}: {len(retried)} request(s) sent again after their connection failed before "
+            f"any response (first: {retried[0]})"
+        )
 
 
 def _real_report(
@@ -301,7 +310,8 @@ def run_ab_real_cmd(args: argparse.Namespace, vllm_args: list[str]) -> int:
     results: dict[str, SimResult] = {}
     for side in (STOCK, CANDIDATE):
         console.print(f"{side}: starting the server for {args.model} ...")
-        result, errors = run_side(side, spec, requests)
+        result, errors, retried = run_side(side, spec, requests)
+        _print_retried(console, side, retried)
         for line in errors[:5]:
             console.print(f"[red]failed[/red] {side}: {line}")
         if len(errors) == len(requests):
