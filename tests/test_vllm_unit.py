@@ -349,6 +349,23 @@ def test_answers_first_and_newest_think_last() -> None:
     order.check_integrity()
 
 
+def test_the_think_requests_with_the_least_work_are_the_first_victims() -> None:
+    # vLLM recomputes a victim's KV: the cheapest thinking requests go last (first victims),
+    # whatever their age; answer streams stay in front. 8 running: 2 ranked victims (25 %).
+    order = make_order()
+    names = ("t1", "t2", "t3", "t4", "t5", "t6", "o1", "o2")
+    reqs = [admitted(order, rid, THINK_PROMPT) for rid in names]
+    for r in reqs[6:]:
+        r.emit(order, END, 1)
+    for r, computed in zip(reqs, (40, 7, 90, 60, 12, 80, 5, 3), strict=True):
+        r.num_computed_tokens = computed
+    result = ids(order.order(reqs, step=1, num_free_blocks=10))
+    assert result[:2] == ["o1", "o2"]
+    assert result[-2:] == ["t5", "t2"]  # 12 then 7 computed tokens: t2 is the first victim
+    assert result[2:6] == ["t1", "t3", "t4", "t6"]  # the others keep plan order
+    order.check_integrity()
+
+
 def test_requests_without_kv_go_first() -> None:
     order = make_order()
     t1 = admitted(order, "t1", THINK_PROMPT)

@@ -14,8 +14,9 @@ as the core's victim ranking reversed:
    ``running``) plans the step: answer streams and prefills first, thinking requests up to the
    think limit; think requests beyond it are deferred one step (``next_decode_eligible_step``);
 2. :func:`~meridian.core.preemption.select_preemption_victims` picks the victims of the step,
-   at most ``scheduler.preempt_max_fraction`` of the running set, fed in plan order with equal
-   recency, so within a tier the later-planned request is the earlier victim;
+   at most ``scheduler.preempt_max_fraction`` of the running set, fed with equal recency by
+   falling computed tokens, so within a tier the request with the least KV to recompute is the
+   earlier victim (ties: the later-planned one);
 3. ``order = [the others, in plan order] + reversed(victims)``: the first-choice victim is last,
    where vLLM takes it, the second next to last, and so on. Should vLLM need more victims than
    the core picked, it takes the end of the plan order: thinking requests before answers.
@@ -410,9 +411,13 @@ class RunningOrder:
                 _skip_one_step(by_id[rid], step)
                 self.stats.num_deferred += 1
         planned = plan.served + plan.deferred if plan.deferred else plan.served
+        # vLLM reclaims by recompute: within a class the cheapest victim is the request with
+        # the least computed KV. The core breaks ties toward later entries, so the candidates
+        # go in by falling computed tokens (stable: equal work keeps plan order).
+        by_work = sorted(planned, key=lambda rid: -by_id[rid].num_computed_tokens)
         victims = select_preemption_victims(
             _ALL_BLOCKS,
-            self._candidates(planned, by_id),
+            self._candidates(by_work, by_id),
             step=now,
             max_fraction=self.preempt_max_fraction,
             readmit_guard_steps=READMIT_GUARD_STEPS,
