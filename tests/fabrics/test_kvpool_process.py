@@ -17,6 +17,7 @@ from fabric_support import FABRICS, TC, PoolProcess, fabric_for, kv_block
 
 from meridian.disagg.fabric import FabricError, FabricUnavailable
 from meridian.disagg.kvpool import FAULTS_ENV, PoolClient, faults_from_env, run_kvpool
+from meridian.disagg.kvpool import client as kvpool_client
 from meridian.disagg.wire import encode
 
 StartPool = Callable[..., PoolProcess]
@@ -129,7 +130,8 @@ def test_a_missing_library_is_unavailable_with_what_to_install(
     def missing(name: str) -> object:
         raise ImportError(f"No module named {name!r}")
 
-    monkeypatch.setattr(fabric_module.importlib, "import_module", missing)
+    # Both fabrics import their transport through the shared kvpool.client.load_transport.
+    monkeypatch.setattr(kvpool_client.importlib, "import_module", missing)
     with pytest.raises(FabricUnavailable, match=f"cannot be imported .*{re.escape(hint)}"):
         getattr(fabric_module, loader)()
 

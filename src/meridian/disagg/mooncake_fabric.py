@@ -20,9 +20,7 @@ Debian's ``libibverbs1`` (the engine links it even for TCP); the plain
 
 from __future__ import annotations
 
-import importlib
 import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import Any, Final
@@ -35,6 +33,7 @@ from meridian.disagg.kvpool.client import (
     MIN_STAGING_BYTES,
     POLL_SLEEP_S,
     SPIN_POLLS,
+    load_transport,
 )
 from meridian.disagg.wire import BytesLike
 
@@ -56,15 +55,13 @@ def load_mooncake() -> Any:
 
     Raises FabricUnavailable, naming what to install, when the engine cannot be imported.
     """
-    for name, value in ENV_DEFAULTS.items():
-        os.environ.setdefault(name, value)
-    try:
-        return importlib.import_module("mooncake.engine")
-    except ImportError as exc:
-        raise FabricUnavailable(
-            f"fabric 'mooncake' needs Mooncake's transfer engine, which cannot be imported "
-            f"({exc}); install it with: {MOONCAKE_INSTALL_HINT}"
-        ) from exc
+    return load_transport(
+        "mooncake.engine",
+        fabric="mooncake",
+        library="Mooncake's transfer engine",
+        env_defaults=ENV_DEFAULTS,
+        install_hint=MOONCAKE_INSTALL_HINT,
+    )
 
 
 def start_engine(api: Any, host: str) -> Any:

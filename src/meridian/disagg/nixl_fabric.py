@@ -21,7 +21,6 @@ UCX. ``scripts/install-fabrics.sh`` does it.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import secrets
@@ -38,6 +37,7 @@ from meridian.disagg.kvpool.client import (
     MIN_STAGING_BYTES,
     POLL_SLEEP_S,
     SPIN_POLLS,
+    load_transport,
 )
 from meridian.disagg.wire import BytesLike
 
@@ -57,15 +57,13 @@ def load_nixl() -> Any:
 
     Raises FabricUnavailable, naming the packages to install, when NIXL is missing.
     """
-    for name, value in ENV_DEFAULTS.items():
-        os.environ.setdefault(name, value)
-    try:
-        return importlib.import_module("nixl._api")
-    except ImportError as exc:
-        raise FabricUnavailable(
-            f"fabric 'nixl' needs the NIXL library, which cannot be imported ({exc}); "
-            f"install it with: {NIXL_INSTALL_HINT}"
-        ) from exc
+    return load_transport(
+        "nixl._api",
+        fabric="nixl",
+        library="the NIXL library",
+        env_defaults=ENV_DEFAULTS,
+        install_hint=NIXL_INSTALL_HINT,
+    )
 
 
 def _nixl_failure(action: str, exc: Exception) -> FabricError:

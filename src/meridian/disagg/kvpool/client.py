@@ -7,7 +7,9 @@ fabrics).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -37,6 +39,24 @@ _MAX_ORPHANS: Final = 4096
 MIN_STAGING_BYTES: Final = 1 << 20
 SPIN_POLLS: Final = 64
 POLL_SLEEP_S: Final = 50e-6
+
+
+def load_transport(
+    module: str, *, fabric: str, library: str, env_defaults: Mapping[str, str], install_hint: str
+) -> Any:
+    """Import a fabric's transport ``module`` after applying its environment defaults.
+
+    Raises FabricUnavailable naming ``library`` and how to install it when the import fails.
+    """
+    for name, value in env_defaults.items():
+        os.environ.setdefault(name, value)
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise FabricUnavailable(
+            f"fabric {fabric!r} needs {library}, which cannot be imported ({exc}); "
+            f"install it with: {install_hint}"
+        ) from exc
 
 
 class PoolClient:
