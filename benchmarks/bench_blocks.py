@@ -22,6 +22,7 @@ from meridian.config.schema import KvMemoryConfig
 from meridian.core.blocks import TieredBlockManager
 from meridian.core.preemption import RunningRequest, Victim, select_preemption_victims
 from meridian.core.types import Phase, Tier
+from timing import seconds_per_call
 
 BLOCK_SIZE = 16384
 NUM_SLOTS = 131_072
@@ -81,13 +82,7 @@ def running_requests(rng: random.Random) -> list[RunningRequest]:
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
     """Median over 5 rounds of the mean µs per call."""
-    rounds: list[float] = []
-    for _ in range(5):
-        start = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter_ns() - start) / 1e3 / calls)
-    return statistics.median(rounds)
+    return seconds_per_call(fn, calls) * 1e6
 
 
 def main() -> None:

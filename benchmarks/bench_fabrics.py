@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -28,6 +28,7 @@ import numpy as np
 from meridian.core.types import Tier
 from meridian.disagg.fabric import Fabric, make_fabric
 from meridian.disagg.wire import encode
+from timing import seconds_per_call
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -61,18 +62,6 @@ def kvpool(fabric: str) -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait()
-
-
-def median_round(fn: Callable[[], None], calls: int) -> float:
-    """Median over ROUNDS rounds of the mean seconds per call (after one warm-up call)."""
-    fn()
-    rounds = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - start) / calls)
-    return statistics.median(rounds)
 
 
 def push_pull_seconds(fabric: Fabric, frame: bytes, calls: int) -> tuple[float, float]:
@@ -110,7 +99,7 @@ def main() -> None:
         def copy(src: np.ndarray = src, dst: np.ndarray = dst) -> None:
             np.copyto(dst, src)
 
-        copy_s[size] = median_round(copy, calls)
+        copy_s[size] = seconds_per_call(copy, calls, ROUNDS)
 
     print(
         "push+pull of one MRDN frame to a kvpool process and back (GB/s of body, higher is better)"

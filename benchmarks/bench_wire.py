@@ -14,32 +14,18 @@ Run: ``.venv/bin/python benchmarks/bench_wire.py`` (deterministic data, about 10
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable
 
 import numpy as np
 
 from meridian.core.types import Tier
 from meridian.disagg.fabric import InProcessFabric
 from meridian.disagg.wire import checksum, decode, encode
+from timing import seconds_per_call
 
 KIB = 1024
 MIB = 1024 * KIB
 SIZES = ((16 * KIB, 2000), (1 * MIB, 60), (64 * MIB, 3))  # body size, calls per round
-ROUNDS = 5
-
-
-def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
-    """Median over ``ROUNDS`` rounds of the mean seconds per call."""
-    fn()  # warm up (page faults, lazy imports)
-    rounds: list[float] = []
-    for _ in range(ROUNDS):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - start) / calls)
-    return statistics.median(rounds)
 
 
 def human(num_bytes: int) -> str:
