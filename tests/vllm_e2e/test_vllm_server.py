@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,10 @@ import pytest
 pytest.importorskip("vllm.sampling_params")
 httpx = pytest.importorskip("httpx")
 
+from meridian.bench.abreal import free_port, wait_healthy  # noqa: E402
 
 MAX_THINK = 12
 STARTUP_TIMEOUT_S = 180.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +34,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     config = work / "meridian.toml"
     config.write_text(f"[scheduler]\nmax_think_tokens = {MAX_THINK}\nmin_think_tokens = 0\n")
     (work / "prom").mkdir()
-    port = _free_port()
+    port = free_port()
     # Exactly what a user runs: the `meridian serve` command (its vLLM arguments pass through).
     argv = [sys.executable, "-m", "meridian", "serve", str(tiny_model), "--config", str(config),
             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
@@ -57,17 +51,7 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited ({proc.returncode}); see {work / 'server.log'}")
-            if time.perf_counter() - start > STARTUP_TIMEOUT_S:
-                pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S} s")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        wait_healthy(proc, url, STARTUP_TIMEOUT_S, work / "server.log")
         print(f"server healthy after {time.perf_counter() - start:.1f} s")
         yield url
     finally:

@@ -82,7 +82,9 @@ def server_command(
     return argv, cmd.env
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:
+    """Poll ``url``/health each second until it answers 200; raise if ``proc`` exits first or
+    ``timeout_s`` passes (naming the server's ``log``)."""
     start = time.perf_counter()
     while True:
         if proc.poll() is not None:
@@ -136,7 +138,7 @@ def run_side(
             start_new_session=True,
         )
         try:
-            _wait_healthy(proc, url, spec.startup_timeout_s, log_path)
+            wait_healthy(proc, url, spec.startup_timeout_s, log_path)
             run = RealRunSpec(
                 url=f"{url}/v1", model=spec.model, replay_think_lengths=spec.replay_think_lengths
             )
