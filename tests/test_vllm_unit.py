@@ -701,6 +701,19 @@ def test_step_time_needs_samples_and_uses_proportion_for_one_batch_size() -> Non
     assert _fed([(64, 0.01)] * 32).rows_within(0.02, 256) is None  # it fits already
 
 
+def test_step_time_without_a_positive_slope_is_read_as_proportional() -> None:
+    # Fixed cost dominating, noise makes small batches look slower: no evidence that rows cost
+    # time, so the conservative reading (time proportional to rows) decides, and an
+    # unmeetable budget caps at 1 row instead of flipping to "no cap" on a noisy slope.
+    model = _fed([(8, 0.0030), (3, 0.0031)] * 20)
+    assert model.fit() == pytest.approx((0.0, 0.00305 * 2 / 11), rel=0.05)
+    assert model.rows_within(1e-6, 256) == 1
+    assert _fed([(8, 0.0030), (3, 0.0031)] * 20).rows_within(0.020, 256) is None
+    # A line through negative time at zero rows is no physical model either.
+    steep = _fed([(r, 0.001 * r - 0.002) for r in (4, 6, 8)] * 12)
+    assert steep.fit() == pytest.approx((0.0, 0.004 / 6), rel=0.05)
+
+
 def test_step_time_follows_a_change_in_speed() -> None:
     slow = [(r, 0.0002 * r) for r in (20, 40, 60, 80)] * 10
     fast = [(r, 0.00005 * r) for r in (20, 40, 60, 80)] * 40

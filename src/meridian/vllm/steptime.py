@@ -61,18 +61,23 @@ class DecodeStepTime:
     def fit(self) -> tuple[float, float] | None:
         """``(a, b)`` of ``t = a + b * rows`` in seconds; ``None`` before ``min_samples``.
 
-        With a single batch size seen (no spread to fit a slope) the time is taken as
-        proportional to the rows (``a = 0``): the conservative reading.
+        Without a physical line to trust (a single batch size seen, so no spread to fit a
+        slope; a slope that is not positive, which on small spreads is noise; or a negative
+        time at zero rows) the time is taken as proportional to the rows (``a = 0``): the
+        conservative reading, which never grants more rows than the fitted line would. So the
+        budget cannot flip between a cap and none with the sign of a noisy slope.
         """
         if self.num_samples < self.min_samples:
             return None
         w, x, y = self._w, self._x, self._y
         mean_x, mean_y = x / w, y / w
         var_x = self._xx / w - mean_x * mean_x
-        if var_x <= 1e-9 * max(1.0, mean_x * mean_x):
-            return 0.0, mean_y / mean_x
-        slope = (self._xy / w - mean_x * mean_y) / var_x
-        return mean_y - slope * mean_x, slope
+        if var_x > 1e-9 * max(1.0, mean_x * mean_x):
+            slope = (self._xy / w - mean_x * mean_y) / var_x
+            intercept = mean_y - slope * mean_x
+            if slope > 0.0 and intercept >= 0.0:
+                return intercept, slope
+        return 0.0, mean_y / mean_x
 
     def rows_within(self, budget_s: float, max_rows: int) -> int | None:
         """The most rows whose step fits ``budget_s``, at least 1; ``None`` when no cap is due.
@@ -86,7 +91,7 @@ class DecodeStepTime:
             return None
         a, b = fitted
         largest = min(max(self._max_rows, 1), max_rows)
-        if b <= 0.0 or a + b * largest <= budget_s:
+        if a + b * largest <= budget_s:
             return None
         # floor((budget - a) / b) without float noise: (6 ms - 2 ms) / 0.1 ms is 40 rows.
         return max(1, min(max_rows, floor_fraction((budget_s - a) / b, 1)))
