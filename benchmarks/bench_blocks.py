@@ -1,12 +1,14 @@
-"""Benchmark: tiered block manager eviction and preemption-victim selection.
+"""Benchmark: preemption-victim ranking (``meridian.core.preemption.rank_victims``).
 
-- ``TieredBlockManager.evict_for`` with 100,000 blocks allocated over 2,000 requests in all three
-  tiers: µs to evict 1,000 blocks and 1 block. Baseline in the same run: a naive policy that
-  sorts every allocated block by (tier, last touch) and takes the first ones.
-- ``select_preemption_victims`` over 1,024 running requests, µs per call, for a typical need
-  (a few victims), a need no victim set covers at the default ``preempt_max_fraction`` (256
-  victims) and at 1.0 (all 1,024 chosen; building the ``Victim`` objects then dominates).
-  Baseline: ``sorted()`` over the same 1,024 ``last_touched`` keys.
+- ``rank_victims`` over 1,024 running requests (``Candidate`` tuples of all four
+  ``VictimClass`` es, seeded), µs per call, for a typical need (4 victims), the cap at the
+  default ``scheduler.preempt_max_fraction`` of 0.25 (256 victims) and every request ranked
+  (1,024).
+  Baseline in the same run: ``sorted()`` of the same 1,024 tuples by (class, computed tokens),
+  the full sort a naive ranking would do; the ratio to it is printed.
+
+The block manager's ``evict_for`` used to be measured here too; the block manager no longer
+evicts (a live request's answer attends over all of its KV), so there is nothing to time.
 
 Run: ``.venv/bin/python benchmarks/bench_blocks.py`` (deterministic workload, seed 0).
 """
@@ -14,70 +16,37 @@ Run: ``.venv/bin/python benchmarks/bench_blocks.py`` (deterministic workload, se
 from __future__ import annotations
 
 import random
-import statistics
-import time
 from collections.abc import Callable
+from operator import itemgetter
 
-from meridian.config.schema import KvMemoryConfig
-from meridian.core.blocks import TieredBlockManager
-from meridian.core.preemption import RunningRequest, Victim, select_preemption_victims
-from meridian.core.types import Phase, Tier
+from meridian.core.preemption import Candidate, VictimClass, rank_victims
+from meridian.core.types import Phase
 from timing import seconds_per_call
 
-BLOCK_SIZE = 16384
-NUM_SLOTS = 131_072
-NUM_ALLOCATED = 100_000
-BLOCKS_PER_REQUEST = 50
 NUM_RUNNING = 1024
+MAX_VICTIMS = 256
+BLOCK_SIZE_TOKENS = 16
+
+# (class, computed tokens): the fields of a Candidate tuple the baseline sorts by.
+_CLASS_THEN_TOKENS = itemgetter(1, 2)
 
 
-def build_manager(rng: random.Random) -> TieredBlockManager:
-    config = KvMemoryConfig(block_size_bytes=BLOCK_SIZE, think_phase_memory_fraction=0.7)
-    mgr = TieredBlockManager(config, NUM_SLOTS * BLOCK_SIZE)
-    tiers = list(Tier)
-    for i in range(NUM_ALLOCATED // BLOCKS_PER_REQUEST):
-        mgr.allocate(f"r{i}", tiers[i % 3], BLOCKS_PER_REQUEST)
-    for i in rng.sample(range(NUM_ALLOCATED // BLOCKS_PER_REQUEST), 1000):
-        mgr.touch(f"r{i}")  # shuffle recency so the LRU order is not the allocation order
-    mgr.check_integrity()
-    return mgr
-
-
-def time_evictions(mgr: TieredBlockManager, num_blocks: int, repeats: int) -> list[float]:
-    """µs per ``evict_for`` freeing ``num_blocks`` more; the state is refilled between runs."""
-    samples: list[float] = []
-    for rep in range(repeats):
-        target = mgr.num_free_blocks + num_blocks
-        start = time.perf_counter_ns()
-        evicted = mgr.evict_for(target)
-        samples.append((time.perf_counter_ns() - start) / 1e3)
-        assert len(evicted) == num_blocks
-        mgr.allocate(f"refill{num_blocks}-{rep}", Tier.THINK_COMPLETE, num_blocks)
-    return samples
-
-
-def naive_evict(keys: list[tuple[int, int, int]], num_blocks: int) -> list[tuple[int, int, int]]:
-    """Baseline: rank every allocated block by (tier, last touch, -block) and take the head."""
-    return sorted(keys)[:num_blocks]
-
-
-def running_requests(rng: random.Random) -> list[RunningRequest]:
-    out: list[RunningRequest] = []
+def candidates(rng: random.Random) -> list[Candidate]:
+    """1,024 running requests: mostly thinking or answering, a few prefilling, ~10% guarded."""
+    out: list[Candidate] = []
     for i in range(NUM_RUNNING):
         phase = rng.choice([Phase.PREFILL, Phase.THINK, Phase.THINK, Phase.OUTPUT, Phase.OUTPUT])
-        think_done = phase is Phase.OUTPUT and rng.random() < 0.2
-        readmitted = 990 + rng.randrange(10) if rng.random() < 0.1 else None
+        guarded = rng.random() < 0.1
+        num_computed_tokens = rng.randrange(1, 200) * BLOCK_SIZE_TOKENS + rng.randrange(16)
         out.append(
-            RunningRequest(
-                f"req-{i}",
-                phase,
-                rng.randrange(1, 200),
-                rng.randrange(10**6),
-                readmitted,
-                think_done,
-            )
+            Candidate(f"req-{i}", VictimClass.of(phase, guarded=guarded), num_computed_tokens)
         )
     return out
+
+
+def naive_rank(running: list[Candidate]) -> list[Candidate]:
+    """Baseline: sort every candidate by (class, computed tokens)."""
+    return sorted(running, key=_CLASS_THEN_TOKENS)
 
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
@@ -86,58 +55,40 @@ def per_call_us(fn: Callable[[], object], calls: int) -> float:
 
 
 def main() -> None:
-    rng = random.Random(0)
-    mgr = build_manager(rng)
+    running = candidates(random.Random(0))
+    by_class = {c: sum(r.victim_class is c for r in running) for c in VictimClass}
     print(
-        f"block manager: {mgr.num_blocks} slots, {mgr.num_blocks - mgr.num_free_blocks} "
-        f"allocated over {mgr.num_requests} requests "
-        f"(TC {mgr.num_blocks_in_tier(Tier.THINK_COMPLETE)}, "
-        f"TA {mgr.num_blocks_in_tier(Tier.THINK_ACTIVE)}, "
-        f"OC {mgr.num_blocks_in_tier(Tier.OUTPUT_CRITICAL)})"
-    )
-    keys = [
-        (int(loc.tier), mgr.last_touched(loc.request_id) or 0, -b)
-        for b in range(NUM_ALLOCATED)
-        for loc in (mgr.block_location(b),)
-    ]
-    naive_1000 = per_call_us(lambda: naive_evict(keys, 1000), 3)
-
-    evict_1000 = statistics.median(time_evictions(mgr, 1000, 50))
-    evict_1 = statistics.median(time_evictions(mgr, 1, 2000))
-    mgr.check_integrity()
-    print(f"evict_for 1,000 blocks: {evict_1000:9.1f} µs (median of 50)")
-    print(f"evict_for 1 block:      {evict_1:9.2f} µs (median of 2,000)")
-    print(
-        f"baseline naive sort-all-blocks eviction of 1,000: {naive_1000:9.1f} µs "
-        f"-> evict_for is {naive_1000 / evict_1000:.1f}x faster (1,000), "
-        f"{naive_1000 / evict_1:.0f}x (1 block)"
+        f"{NUM_RUNNING} running requests: "
+        + ", ".join(f"{c.name} {n}" for c, n in by_class.items())
     )
 
-    running = running_requests(rng)
-    total_blocks = sum(r.num_blocks for r in running)
+    # The ranking agrees with the baseline on (class, computed tokens); ties may differ in order
+    # (rank_victims breaks them toward later entries, as vLLM's running[-1]).
+    want = [_CLASS_THEN_TOKENS(c) for c in naive_rank(running)]
+    for max_victims in (4, MAX_VICTIMS, NUM_RUNNING):
+        got = [_CLASS_THEN_TOKENS(c) for c in rank_victims(running, max_victims=max_victims)]
+        assert got == want[:max_victims], f"rank_victims disagrees at max_victims={max_victims}"
 
-    def typical() -> list[Victim]:
-        return select_preemption_victims(256, running, step=1000, max_fraction=0.25)
-
-    def capped() -> list[Victim]:
-        return select_preemption_victims(total_blocks, running, step=1000, max_fraction=0.25)
-
-    def everything() -> list[Victim]:
-        return select_preemption_victims(total_blocks, running, step=1000, max_fraction=1.0)
-
-    last_touched = [r.last_touched for r in running]
-    baseline_us = per_call_us(lambda: sorted(last_touched), 2000)
-    print(f"select_preemption_victims over {NUM_RUNNING} running requests (µs/call):")
-    for label, fn, calls in (
-        ("typical need", typical, 500),
-        ("need > all, max_fraction 0.25", capped, 300),
-        ("need > all, max_fraction 1.0", everything, 200),
+    baseline_us = per_call_us(lambda: naive_rank(running), 2000)
+    print(f"rank_victims over {NUM_RUNNING} running requests (µs/call):")
+    for label, max_victims, calls in (
+        ("typical need", 4, 2000),
+        ("default cap (a quarter)", MAX_VICTIMS, 2000),
+        ("every request", NUM_RUNNING, 1000),
     ):
-        us = per_call_us(fn, calls)
+
+        def rank(max_victims: int = max_victims) -> list[Candidate]:
+            return rank_victims(running, max_victims=max_victims)
+
+        us = per_call_us(rank, calls)
         print(
-            f"  {label:30s} {len(fn()):5d} victims {us:7.1f} µs ({us / baseline_us:4.1f}x baseline)"
+            f"  {label:24s} max_victims {max_victims:5d} {us:7.1f} µs "
+            f"({us / baseline_us:4.2f}x baseline)"
         )
-    print(f"  baseline sorted() over the same {NUM_RUNNING} keys:  {baseline_us:7.1f} µs")
+    print(
+        f"  baseline sorted() of the same {NUM_RUNNING} tuples by (class, computed tokens): "
+        f"{baseline_us:7.1f} µs"
+    )
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,10 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     wall_s = time.perf_counter() - start
     cpu_s = time.process_time() - start_cpu
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    stats: dict[str, Any] = scheduler.meridian_stats.snapshot()
+    stats: dict[str, Any] = {
+        **scheduler.meridian_stats.snapshot(),
+        **asdict(scheduler.meridian_overhead),
+    }
     stats["wall_s"] = wall_s
     stats["cpu_s"] = cpu_s
     stats["num_tokens"] = sum(len(o.outputs[0].token_ids) for o in outputs)

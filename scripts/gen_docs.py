@@ -142,17 +142,6 @@ ADVICE: dict[str, str] = {
         "(two windows) before RPDI can fire; shorter ones catch brief bursts and false alarms."
     ),
     # [kv_memory]
-    "kv_memory.aggressive_think_eviction": (
-        "Enable when answers are short relative to reasoning and KV pressure is high: think KV "
-        "is freed at `</think>` instead of kept as ThinkComplete. Leave off when requests are "
-        "often preempted after `</think>` (they would recompute the whole chain) or when a "
-        "fabric can offload it instead."
-    ),
-    "kv_memory.think_phase_memory_fraction": (
-        "Lower it when output ITL stutters under load and KV used is near capacity (answers need "
-        "room); raise it when TTFT of reasoning requests is the complaint and answers have "
-        "headroom. In the simulator it gates the admission of new reasoning requests (ADR-0010)."
-    ),
     "kv_memory.block_size_bytes": (
         "Must equal the engine's KV block size in bytes (block tokens x layers x 2 x kv heads x "
         "head dim x dtype bytes); the simulator derives it from the model preset. Not a tuning "
@@ -168,7 +157,7 @@ ADVICE: dict[str, str] = {
     # [disagg]
     "disagg.enabled": (
         "Enable only with a KV pool reachable over a fabric; without one, leave off (think KV "
-        "then stays local or is freed per `aggressive_think_eviction`)."
+        "then stays local)."
     ),
     "disagg.fabric": (
         "`inprocess` for tests and single-process use; `nixl` or `mooncake` for a real KV pool. "

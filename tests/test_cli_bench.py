@@ -9,6 +9,7 @@ import pytest
 
 from meridian.bench.report import AbReport, SimReport, load_report
 from meridian.cli import main
+from meridian.sim.policies import DEFAULT_POLICIES
 
 SMALL = ["bench", "sim", "--duration-s", "4", "--arrival-rate", "4"]
 
@@ -20,22 +21,22 @@ def test_default_ab_writes_reports_and_plots(
     err = capsys.readouterr().err
     assert "wrote" in err and str(tmp_path) in err
     report = load_report(tmp_path / "report.json", SimReport)
-    assert report.policies == [
-        "meridian",
-        "vllm-fcfs",
-        "vllm-priority",
-        "static-budget",
-        "think-first",
-    ]
+    assert report.policies == list(DEFAULT_POLICIES)
+    assert report.engine == "model" and not report.async_scheduling
+    # vLLM's defaults on an H100 (its API server's), not a made-up engine shape.
+    assert (report.max_num_seqs, report.max_num_batched_tokens) == (1024, 8192)
+    assert [f.forcing for f in report.forcing][:2] == ["off", "meridian"]
+    assert report.static_cap is not None
+    assert any(f.forcing == f"static:{report.static_cap}" for f in report.forcing)
     ab = load_report(tmp_path / "ab-report.json", AbReport)
-    assert ab.candidate == "meridian" and len(ab.baselines) == 4
+    assert ab.candidate == "meridian" and len(ab.baselines) == len(DEFAULT_POLICIES) - 1
     assert "Where Meridian loses" in (tmp_path / "ab-report.md").read_text()
     for png in ("cdf-output-itl.png", "cdf-ttfvt.png", "kv-usage.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_same_seed_gives_byte_identical_report(tmp_path: Path) -> None:
-    args = [*SMALL, "--baseline", "vllm-fcfs", "--no-plots", "--seed", "7"]
+    args = [*SMALL, "--policies", "meridian,vllm-fcfs", "--no-plots", "--seed", "7"]
     assert main([*args, "--out-dir", str(tmp_path / "a")]) == 0
     assert main([*args, "--out-dir", str(tmp_path / "b")]) == 0
     a = (tmp_path / "a" / "report.json").read_bytes()
@@ -44,8 +45,8 @@ def test_same_seed_gives_byte_identical_report(tmp_path: Path) -> None:
         main(
             [
                 *SMALL,
-                "--baseline",
-                "vllm-fcfs",
+                "--policies",
+                "meridian,vllm-fcfs",
                 "--no-plots",
                 "--seed",
                 "8",
@@ -66,8 +67,8 @@ def test_sweep_writes_sweep_report(tmp_path: Path) -> None:
         "3",
         "--arrival-rate",
         "2,4",
-        "--baseline",
-        "vllm-fcfs",
+        "--policies",
+        "meridian,vllm-fcfs",
         "--out-dir",
         str(tmp_path),
     ]
@@ -86,8 +87,8 @@ def test_trace_round_trip_through_the_cli(tmp_path: Path) -> None:
             [
                 *SMALL,
                 "--no-plots",
-                "--baseline",
-                "vllm-fcfs",
+                "--policies",
+                "meridian,vllm-fcfs",
                 "--export-trace",
                 str(trace),
                 "--out-dir",
@@ -104,8 +105,8 @@ def test_trace_round_trip_through_the_cli(tmp_path: Path) -> None:
                 "--workload",
                 str(trace),
                 "--no-plots",
-                "--baseline",
-                "vllm-fcfs",
+                "--policies",
+                "meridian,vllm-fcfs",
                 "--out-dir",
                 str(out2),
             ]
@@ -123,7 +124,14 @@ def test_trace_round_trip_through_the_cli(tmp_path: Path) -> None:
         (["--arrival-rate", "fast"], "--arrival-rate must be a number"),
         (["--arrival-rate", "0"], "--arrival-rate values must be > 0"),
         (["--duration-s", "-1"], "--duration-s must be > 0"),
-        (["--baseline", "vllm-fcfs,nope"], "--baseline: unknown policy nope"),
+        (["--policies", "vllm-fcfs,nope"], "unknown policy 'nope'"),
+        (
+            ["--policies", "meridian-sched+forcing"],
+            "Meridian with its forcing is called 'meridian'",
+        ),
+        (["--policies", "static-budget:0"], "the cap must be a positive integer"),
+        (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1; got 0"),
+        (["--async-scheduling", "on"], "--engine model models synchronous scheduling only"),
         (["--workload", "nosuch"], "--workload: 'nosuch' is neither a bundled workload"),
         (["--seed", "-2"], "--seed must be >= 0"),
     ],
@@ -149,18 +157,23 @@ def test_bad_trace_file_names_file_and_line(
     assert "bad.jsonl" in err and ":2" in err
 
 
-def test_disagg_adds_the_offloading_policy(tmp_path: Path) -> None:
-    args = [*SMALL, "--baseline", "vllm-fcfs", "--disagg", "tcp", "--no-plots"]
-    assert main([*args, "--out-dir", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "report.json").read_text())
-    assert report["policies"] == ["meridian", "meridian-disagg", "vllm-fcfs"]
-    assert "num_offloaded_blocks" in report["summaries"]["meridian-disagg"]
+def test_engine_vllm_without_vllm_says_how_to_get_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        import vllm.v1.core.sched.scheduler  # noqa: F401
+    except ImportError:
+        assert main([*SMALL, "--engine", "vllm", "--out-dir", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert "make vllm-venv" in err and "Traceback" not in err
+    else:
+        pytest.skip("vLLM is installed here: tests/vllm_e2e runs --engine vllm")
 
 
 def test_metrics_flag_reports_runs_through_the_catalogue(tmp_path: Path) -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    args = [*SMALL, "--baseline", "vllm-fcfs", "--no-plots", "--metrics"]
+    args = [*SMALL, "--policies", "meridian,vllm-fcfs", "--no-plots", "--metrics"]
     assert main([*args, "--out-dir", str(tmp_path)]) == 0
     text = (tmp_path / "metrics-meridian.prom").read_text()
     families = {f.name: f for f in text_string_to_metric_families(text)}

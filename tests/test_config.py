@@ -42,7 +42,6 @@ def test_defaults_match_the_design() -> None:
     assert c.entropy.transition_entropy_threshold == 2.5
     assert c.entropy.eat_probe_interval_tokens == 32
     assert c.entropy.effective_eat_min_distance == 40  # 2 / ema_alpha
-    assert c.kv_memory.think_phase_memory_fraction == 0.40
     assert c.kv_memory.block_size_bytes == 16384 and c.kv_memory.block_size_tokens == 16
     assert c.kv_memory.capacity_bytes == "auto"
     assert not c.disagg.enabled and c.disagg.fabric == "none"
@@ -60,7 +59,14 @@ def test_defaults_match_the_design() -> None:
         ("[scheduler]\noutput_tpot_budget_ms = -1", "scheduler.output_tpot_budget_ms"),
         ("[scheduler]\nthink_starvation_steps = 0", "scheduler.think_starvation_steps"),
         ("[scheduler]\npreempt_max_fraction = 1.5", "scheduler.preempt_max_fraction"),
-        ("[kv_memory]\nthink_phase_memory_fraction = 1.0", "kv_memory.think_phase_memory_fraction"),
+        (
+            "[kv_memory]\nthink_phase_memory_fraction = 0.4",
+            "kv_memory.think_phase_memory_fraction was removed; delete it from the file",
+        ),
+        (
+            "[kv_memory]\naggressive_think_eviction = true",
+            "kv_memory.aggressive_think_eviction was removed; delete it",
+        ),
         ("[kv_memory]\nblock_size_bytes = 0", "kv_memory.block_size_bytes"),
         ("[kv_memory]\ncapacity_bytes = 'lots'", "kv_memory.capacity_bytes must be a positive"),
         ("[disagg]\noffload_threshold_blocks = 0", "disagg.offload_threshold_blocks"),
@@ -152,7 +158,7 @@ def test_loading_order(tmp_path: Path) -> None:
 
 def test_auto_capacity_needs_a_device() -> None:
     kv = KvMemoryConfig()
-    assert kv.resolve_capacity_bytes(100 * 2**30) == int(100 * 2**30 * 0.85)
+    assert kv.resolve_capacity_bytes(100 * 2**30) == int(100 * 2**30 * 0.92)
     with pytest.raises(ConfigError, match=r"kv_memory.capacity_bytes is \"auto\""):
         kv.resolve_capacity_bytes(None)
     assert KvMemoryConfig(capacity_bytes=4096).resolve_capacity_bytes(None) == 4096

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -22,7 +23,8 @@ from meridian.config.schema import SchedulerConfig
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import ConfigError
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
-from meridian.sim.request import RequestKind
+from meridian.sim.request import RequestKind, RequestSpec
+from meridian.sim.streams import Stream
 
 REASONING = RequestKind.REASONING
 CHAT = RequestKind.CHAT
@@ -45,6 +47,7 @@ def record(
     answers: tuple[float, ...] = (),
     steps: tuple[int, ...] = (),
     forced: ForceReason | None = None,
+    correct: bool | None = None,
     finished: bool = True,
 ) -> RequestRecord:
     return RequestRecord(
@@ -62,6 +65,7 @@ def record(
         num_think_tokens=think,
         num_answer_tokens=len(answers),
         forced_reason=forced,
+        answer_correct=correct,
         answer_token_ns=[ns(a) for a in answers],
         answer_token_step=list(steps),
     )
@@ -70,41 +74,46 @@ def record(
 def hand_made_run() -> SimResult:
     """Five requests whose every metric is worked out in the tests below.
 
-    A: reasoning, forced (converged) at 50 of 100 think tokens, before its settle point 60;
-       ITL gaps 40, 60, 30 ms (P95 58 ms: misses the 50 ms ITL SLO); answer steps 10, 11, 14, 15.
-    B: reasoning, 200 think tokens unforced; gaps 20, 20 ms: meets both SLOs.
-    C: chat; TTFVT 2.5 s > the 2 s base: misses the TTFVT SLO; steps 20, 22.
-    D: reasoning, forced (hard cap) at 250 of 300, after its settle point 100; meets both SLOs.
-    E: reasoning, still thinking at the end (120 think tokens generated, not finished).
+    A: reasoning, forced (converged) at 50 of 100 think tokens, before its settle point 60, so
+       its answer is wrong; ITL gaps 40, 60, 30 ms (P95 58 ms: misses the 50 ms ITL SLO); answer
+       steps 10, 11, 14, 15.
+    B: reasoning, 200 think tokens unforced (correct); gaps 20, 20 ms: meets both SLOs.
+    C: chat (no verdict); TTFVT 2.5 s > the 2 s base: misses the TTFVT SLO; steps 20, 22.
+    D: reasoning, forced (hard cap) at 250 of 300, after its settle point 100 (correct); meets
+       both SLOs.
+    E: reasoning, still thinking at the end (120 think tokens generated, not finished; its
+       verdict, decided before the run, is correct).
     """
     records = [
         record(
             "A", REASONING, 0.0, think_requested=100, think=50, settle=60, first_token=0.5,
             think_end=3.0, answers=(3.2, 3.24, 3.30, 3.33), steps=(10, 11, 14, 15),
-            forced=ForceReason.CONVERGED,
+            forced=ForceReason.CONVERGED, correct=False,
         ),
         record(
             "B", REASONING, 1.0, think_requested=200, think=200, settle=150, first_token=1.2,
-            think_end=4.0, answers=(4.5, 4.52, 4.54), steps=(20, 21, 22),
+            think_end=4.0, answers=(4.5, 4.52, 4.54), steps=(20, 21, 22), correct=True,
         ),
         record("C", CHAT, 2.0, first_token=4.5, answers=(4.5, 4.53), steps=(20, 22)),
         record(
             "D", REASONING, 2.5, think_requested=300, think=250, settle=100, first_token=2.6,
             think_end=5.0, answers=(5.1, 5.12), steps=(30, 31), forced=ForceReason.HARD_CAP,
+            correct=True,
         ),
         record(
             "E", REASONING, 3.0, think_requested=400, think=120, first_token=3.5,
-            finished=False,
+            correct=True, finished=False,
         ),
     ]  # fmt: skip
     counters = RunCounters(
         num_steps=40,
-        num_output_critical_evictions=2,
+        num_scheduled_rows=90,
+        num_scheduled_tokens=1234,
         preemptions_by_phase={Phase.THINK: 3, Phase.OUTPUT: 1},
         num_recomputed_tokens=77,
     )
-    samples = [TimeSample(ns(0.1 * i), 10 * i, 5 * i, i, 1, i % 3, 2, 1, 1) for i in range(1, 11)]
-    return SimResult("meridian", 100, records, samples, counters, end_ns=ns(6.0))
+    samples = [TimeSample(ns(0.1 * i), 10 * i, 5 * i, i, 1, i % 3, 2) for i in range(1, 11)]
+    return SimResult("meridian", "model", 100, records, samples, counters, end_ns=ns(6.0))
 
 
 @pytest.fixture(scope="module")
@@ -188,16 +197,17 @@ def test_think_tokens_saved_ignores_unfinished_think(summary: PolicySummary) -> 
 
 
 def test_counters_and_worst_gap(summary: PolicySummary) -> None:
-    assert summary.num_output_critical_evictions == 2
     assert summary.preemptions.model_dump() == {"prefill": 0, "think": 3, "output": 1}
     assert summary.num_recomputed_tokens == 77
+    # The engine's work is the run-wide counter, not anything derived from the records.
+    assert summary.num_scheduled_tokens == 1234
     assert summary.worst_answer_gap_steps == 3  # A: step 11 -> 14
 
 
 def test_throughput_and_goodput(summary: PolicySummary) -> None:
     # Generated: A 54, B 203, C 2, D 252, E 120 = 631 tokens over 0 s -> 5.12 s.
     assert summary.throughput_tok_s == approx(631 / 5.12, rel=1e-5)
-    # Only B and D meet both SLOs (A misses ITL, C misses TTFVT, E unfinished).
+    # Only B and D meet both SLOs (A misses ITL and is wrong, C misses TTFVT, E unfinished).
     assert summary.num_slo_met == 2
     assert summary.goodput_req_s == approx(2 / 5.12, rel=1e-5)
     assert summary.slo_met_pct == 40.0
@@ -205,9 +215,13 @@ def test_throughput_and_goodput(summary: PolicySummary) -> None:
 
 def test_goodput_follows_the_slo() -> None:
     run = hand_made_run()
-    # A 60 ms ITL SLO admits A (P95 58 ms); a 2.5 s base admits C (TTFVT 2.5 s, at the edge).
-    loose = summarize(run, SloSpec(ttfvt_base_s=2.5, output_itl_s=0.060))
-    assert loose.num_slo_met == 4
+    # A 60 ms ITL SLO admits A's latencies (P95 58 ms) but A's answer is wrong; a 2.5 s base
+    # admits C (TTFVT 2.5 s, at the edge).
+    loose_slo = SloSpec(ttfvt_base_s=2.5, output_itl_s=0.060)
+    assert summarize(run, loose_slo).num_slo_met == 3
+    run.records[0].answer_correct = None  # no verdict: only the latencies count
+    assert summarize(run, loose_slo).num_slo_met == 4
+    run = hand_made_run()
     # A TTFVT allowance of 0.01 s per think token: B needs 3.5 <= 2 + 2.0, D 2.6 <= 2 + 3.0.
     tight = summarize(run, SloSpec(think_tpot_s=0.01))
     assert tight.num_slo_met == 2
@@ -224,9 +238,150 @@ def test_slo_edges_are_inclusive() -> None:
     assert meets_slo(one_token, SloSpec())  # no gap, nothing to violate
 
 
+def test_hand_made_answer_accuracy(summary: PolicySummary) -> None:
+    # Finished with a verdict: A wrong, B and D correct; C (chat) has none, E is unfinished.
+    assert summary.answer_accuracy_pct == approx(200 / 3, rel=1e-5)
+
+
+def two_request_run(correct: bool | None) -> SimResult:
+    """X: a reasoning request meeting both SLOs by its latencies (TTFVT 1 s, gaps 20 ms),
+    with verdict ``correct``; Y: a chat request meeting both (TTFVT 1.96 s, one 40 ms gap).
+    Makespan 2 s; generated tokens 40 + 3 + 2 = 45."""
+    x = record(
+        "X", REASONING, 0.0, think_requested=100, think=40, settle=60, first_token=0.3,
+        think_end=0.99, answers=(1.0, 1.02, 1.04), steps=(5, 6, 7),
+        forced=ForceReason.CONVERGED, correct=correct,
+    )  # fmt: skip
+    y = record("Y", CHAT, 0.0, first_token=1.96, answers=(1.96, 2.0), steps=(8, 9))
+    return SimResult("meridian", "model", 16, [x, y], [], RunCounters(), end_ns=ns(2.0))
+
+
+@pytest.mark.parametrize("correct", [True, None])
+def test_goodput_counts_a_request_whose_answer_is_not_wrong(correct: bool | None) -> None:
+    run = two_request_run(correct)
+    assert meets_slo(run.records[0], SloSpec())
+    s = summarize(run, SloSpec())
+    assert s.num_slo_met == 2
+    assert s.goodput_req_s == approx(1.0)
+    assert s.slo_met_pct == 100.0
+
+
+def test_goodput_excludes_a_wrong_answer_that_meets_the_slos() -> None:
+    run = two_request_run(False)
+    assert not meets_slo(run.records[0], SloSpec())
+    assert meets_slo(run.records[1], SloSpec())
+    s = summarize(run, SloSpec())
+    assert s.num_slo_met == 1
+    assert s.goodput_req_s == approx(0.5)
+    assert s.slo_met_pct == 50.0
+    # A wrong answer still took the engine's time and produced its tokens.
+    assert s.num_finished == 2
+    assert s.throughput_tok_s == approx(22.5)
+    assert s.answer_accuracy_pct == 0.0
+
+
+def test_answer_accuracy_counts_finished_requests_with_a_verdict() -> None:
+    def reasoning(rid: str, correct: bool, *, finished: bool = True) -> RequestRecord:
+        return record(
+            rid, REASONING, 0.0, think_requested=50, think=50, first_token=0.1, think_end=0.5,
+            answers=(0.6, 0.61), steps=(1, 2), correct=correct, finished=finished,
+        )  # fmt: skip
+
+    records = [
+        reasoning("R1", True),
+        reasoning("R2", True),
+        reasoning("R3", False),
+        reasoning("R4", True),
+        record("C", CHAT, 0.0, first_token=0.2, answers=(0.2, 0.21), steps=(1, 2)),
+        reasoning("U", False, finished=False),  # no answer yet: not counted
+    ]
+    assert records[4].answer_correct is None
+    run = SimResult("meridian", "model", 16, records, [], RunCounters(), end_ns=ns(1.0))
+    s = summarize(run, SloSpec())
+    assert s.answer_accuracy_pct == 75.0  # 3 of the 4 finished reasoning requests
+    # Without any verdict (e.g. a real server's run) there is no accuracy, not 0 % or 100 %.
+    for r in records:
+        r.answer_correct = None
+    assert summarize(run, SloSpec()).answer_accuracy_pct is None
+
+
+def test_pace_delivery_spaces_answer_tokens() -> None:
+    r = record("P", CHAT, 0.0, first_token=1.0, answers=(1.0,), steps=(1,))
+    r.answer_token_ns = [1000, 1010, 1130, 1135, 1150]
+    r.answer_token_step = [1, 2, 5, 6, 7]
+    r.first_answer_ns, r.finish_ns = 1000, 1150
+    r.pace_delivery(50)
+    # 1010 waits for its slot 1050; 1130 was generated after its slot 1100, so it goes out when
+    # generated; 1135 and 1150 are held behind it, one pace apart.
+    assert r.answer_token_ns == [1000, 1050, 1130, 1180, 1230]
+    assert all(b - a >= 50 for a, b in pairwise(r.answer_token_ns))
+    assert r.first_answer_ns == 1000  # the first answer token is not held
+    assert r.finish_ns == 1150  # the engine's finish, not the last delivery
+    assert r.answer_token_step == [1, 2, 5, 6, 7]
+    r.pace_delivery(50)  # already paced: nothing moves
+    assert r.answer_token_ns == [1000, 1050, 1130, 1180, 1230]
+
+
+def test_pace_delivery_leaves_slow_streams_alone() -> None:
+    r = record("Q", CHAT, 0.0, first_token=1.0, answers=(1.0, 1.2, 1.5), steps=(1, 2, 3))
+    r.pace_delivery(ns(0.05))
+    assert r.answer_token_ns == [ns(1.0), ns(1.2), ns(1.5)]
+    one = record("O", CHAT, 0.0, first_token=1.0, answers=(1.0,), steps=(1,))
+    one.pace_delivery(ns(0.05))
+    assert one.answer_token_ns == [ns(1.0)]
+
+
+def test_paced_delivery_is_what_the_itl_measures() -> None:
+    # Gaps of 10, 10 and 80 ms, paced at 30 ms: delivered 0, 30, 60 ms after the first, then the
+    # last at 100 ms, when it was generated (its slot was 90 ms).
+    answers = (0.5, 0.51, 0.52, 0.6)
+    r = record("Z", CHAT, 0.0, first_token=0.5, answers=answers, steps=(1, 2, 3, 4))
+    r.pace_delivery(ns(0.03))
+    assert r.answer_token_ns == [ns(0.5), ns(0.53), ns(0.56), ns(0.6)]
+    run = SimResult("pascal", "model", 16, [r], [], RunCounters(), end_ns=ns(0.6))
+    s = summarize(run, SloSpec())
+    assert s.output_itl_s.count == 3
+    assert s.output_itl_s.p50 == approx(0.03)
+    assert s.output_itl_s.max == approx(0.04)
+    assert s.ttfvt_s.max == approx(0.5)  # the first answer token is not held
+    assert s.makespan_s == approx(0.6)  # the finish is the engine's
+
+
+def test_record_for_stream_and_on_token() -> None:
+    spec = RequestSpec("s1", ns(1.0), 8, 5, 3, REASONING, settle_token=4)
+    stream = Stream(spec, num_think=2, forced=ForceReason.CONVERGED, correct=False)
+    r = RequestRecord.for_stream(stream)
+    assert (r.forced_reason, r.answer_correct, r.settle_token) == (
+        ForceReason.CONVERGED,
+        False,
+        4,
+    )
+    assert r.premature_force is True  # 2 think tokens < settle 4
+    tokens = [stream.token_at(i) for i in range(stream.num_output_tokens)]
+    for i, token in enumerate(tokens):
+        r.on_token(token, ns(2.0) + i * 1000, 10 + i)
+    # 2 think tokens, </think> at index 2, then 3 answer tokens (the last one EOS).
+    assert r.first_token_ns == ns(2.0)
+    assert r.num_think_tokens == 2
+    assert r.think_end_ns == ns(2.0) + 2000
+    assert r.num_answer_tokens == 3
+    assert r.first_answer_ns == ns(2.0) + 3000
+    assert r.answer_token_ns == [ns(2.0) + 3000, ns(2.0) + 4000, ns(2.0) + 5000]
+    assert r.answer_token_step == [13, 14, 15]
+    assert r.finish_ns is None  # the engine sets it
+    r.on_preempt(Phase.THINK)
+    r.on_preempt(Phase.THINK)
+    r.on_preempt(Phase.OUTPUT)
+    assert r.preemptions_by_phase == {Phase.THINK: 2, Phase.OUTPUT: 1}
+    counters = RunCounters()
+    counters.on_preempt(Phase.PREFILL)
+    assert counters.preemptions_by_phase == {Phase.PREFILL: 1}
+
+
 def test_empty_run_gives_nulls_not_errors() -> None:
-    s = summarize(SimResult("vllm-fcfs", 10, [], [], RunCounters(), end_ns=0), SloSpec())
+    s = summarize(SimResult("vllm-fcfs", "model", 10, [], [], RunCounters(), end_ns=0), SloSpec())
     assert s.num_requests == 0
+    assert s.answer_accuracy_pct is None and s.num_scheduled_tokens == 0
     assert s.ttft_s.count == 0 and s.ttft_s.p50 is None and s.output_itl_s.p99 is None
     assert s.throughput_tok_s is None and s.goodput_req_s is None
     assert s.premature_force_pct is None and s.worst_answer_gap_steps is None
@@ -251,8 +406,8 @@ def test_time_series_fractions_of_capacity(summary: PolicySummary) -> None:
 
 
 def test_downsample_keeps_spikes_and_is_deterministic() -> None:
-    samples = [TimeSample(i * 1000, 1, 0, 1, 0, 0, 0, 0, 0) for i in range(5003)]
-    samples[1234] = TimeSample(1234 * 1000, 99, 0, 1, 0, 77, 0, 0, 0)
+    samples = [TimeSample(i * 1000, 1, 0, 1, 0, 0, 0) for i in range(5003)]
+    samples[1234] = TimeSample(1234 * 1000, 99, 0, 1, 0, 77, 0)
     a = downsample(samples, 100)
     assert len(a.time_s) == MAX_SERIES_POINTS
     assert max(a.queue_output) == 77
@@ -316,6 +471,7 @@ def random_runs(draw: st.DrawFn) -> SimResult:
         think_requested = draw(st.integers(1, 500)) if reasoning else 0
         think = draw(st.integers(0, think_requested))
         forced = draw(st.sampled_from([None, *ForceReason])) if reasoning else None
+        correct = draw(st.sampled_from([None, True, False])) if reasoning else None
         gaps = draw(st.lists(st.integers(1, 3_000), max_size=6))
         answers = [t + (draw(st.integers(1, 5_000)) if reasoning else 0)]
         for g in gaps:
@@ -337,12 +493,13 @@ def random_runs(draw: st.DrawFn) -> SimResult:
                 num_think_tokens=think,
                 num_answer_tokens=len(answers),
                 forced_reason=forced,
+                answer_correct=correct,
                 answer_token_ns=[a * 1_000_000 for a in answers],
                 answer_token_step=list(range(len(answers))),
             )
         )
     end = max((r.answer_token_ns[-1] for r in records), default=0)
-    return SimResult("p", 64, records, [], RunCounters(), end_ns=end)
+    return SimResult("p", "model", 64, records, [], RunCounters(), end_ns=end)
 
 
 @given(random_runs())
@@ -357,6 +514,13 @@ def test_summary_invariants(run: SimResult) -> None:
         else:
             assert p.p50 is None and p.mean is None
     assert s.num_slo_met <= s.num_finished <= s.num_requests
+    finished = [r for r in run.records if r.finished]
+    assert s.num_slo_met <= sum(r.answer_correct is not False for r in finished)
+    verdicts = [r.answer_correct for r in finished if r.answer_correct is not None]
+    if verdicts:
+        assert s.answer_accuracy_pct == approx(100 * sum(verdicts) / len(verdicts), rel=1e-5)
+    else:
+        assert s.answer_accuracy_pct is None
     forced = s.forced_pct
     # Each share is rounded to 6 significant digits (Sig6): up to 5e-5 off apiece below 100.
     assert forced.converged + forced.overthinking + forced.hard_cap <= 100.0 + 1e-3

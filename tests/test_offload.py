@@ -19,7 +19,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from meridian.config.schema import DisaggConfig, KvMemoryConfig
-from meridian.core.blocks import OutOfBlocksError, Residency, TieredBlockManager
+from meridian.core.blocks import (
+    BlockStateError,
+    OutOfBlocksError,
+    Residency,
+    TieredBlockManager,
+)
 from meridian.core.types import Tier
 from meridian.disagg.fabric import FabricTimeout, InProcessFabric
 from meridian.disagg.offload import (
@@ -105,7 +110,7 @@ class Harness:
         executor: Executor | None = None,
         metrics: OffloadMetrics | None = None,
     ) -> None:
-        config = KvMemoryConfig(block_size_bytes=BLOCK, think_phase_memory_fraction=0.9)
+        config = KvMemoryConfig(block_size_bytes=BLOCK)
         self.blocks = TieredBlockManager(config, num_blocks * BLOCK)
         self.fabric = InProcessFabric(capacity_bytes=capacity_bytes)
         self.device: dict[int, bytes] = {}
@@ -235,7 +240,7 @@ def test_exit_think_queues_only_local_think_complete_blocks_once() -> None:
 
 
 def test_from_config_uses_the_disagg_batch_size() -> None:
-    config = KvMemoryConfig(block_size_bytes=BLOCK, think_phase_memory_fraction=0.9)
+    config = KvMemoryConfig(block_size_bytes=BLOCK)
     blocks = TieredBlockManager(config, 16 * BLOCK)
     executor = RecordingExecutor()
     disagg = DisaggConfig(enabled=True, fabric="inprocess", offload_threshold_blocks=3)
@@ -482,18 +487,19 @@ def test_slow_fabric_bounds_in_flight_transfers_and_recovers(
         h.manager.close()
 
 
-def test_acks_for_evicted_or_freed_blocks_are_discarded() -> None:
+def test_acks_for_freed_blocks_are_discarded() -> None:
     with ThreadPoolExecutor(1) as pool, held_fabric(threshold=4, pool=pool) as h:
-        evicted_ids = h.think("victim", 4)
+        victim_ids = h.think("victim", 4)
         h.exit_think("victim")
         freed_ids = h.think("done", 4)
         h.exit_think("done")
-        # While the pushes hang: evict the first request's blocks, free the second and reuse
-        # its block ids for a new request of the same name (preempted and re-admitted).
-        taken = h.blocks.evict_for(h.blocks.num_free_blocks + 4, max_tier=TC)
-        assert {e.block_id for e in taken} == set(evicted_ids)
-        for block_id in evicted_ids:
-            del h.truth[block_id]
+        # While the pushes hang: preempt the first request by recompute (its blocks are freed
+        # and stay free), free the second and reuse its block ids for a new request of the
+        # same name (preempted and re-admitted).
+        h.free("victim")
+        for block_id in victim_ids:
+            with pytest.raises(BlockStateError):
+                h.blocks.block_location(block_id)
         h.free("done")
         reused = h.think("done", 4)
         assert set(reused) & set(freed_ids)
@@ -510,25 +516,32 @@ def test_offloaded_bytes_metric_counts_only_blocks_offloaded_from_a_batch() -> N
     from meridian.telemetry.metrics import MeridianMetrics
 
     metrics = MeridianMetrics()
-    with ThreadPoolExecutor(1) as pool:
-        h = Harness(threshold=4, executor=pool, metrics=metrics)
-        h.fabric.hold_transfers()
-        try:
-            ids = h.think("r1", 4)
-            h.exit_think("r1")  # one batch of 4, held in flight
-            taken = h.blocks.evict_for(h.blocks.num_free_blocks + 2, max_tier=TC)
-            assert {e.block_id for e in taken} == set(ids[2:])  # the tail: acks go stale
-            for block_id in ids[2:]:
-                del h.truth[block_id]
-        finally:
-            h.fabric.release_transfers()
-        assert h.manager.drain(timeout_s=5.0)
-    counters = h.manager.counters
-    assert (counters.num_blocks_offloaded, counters.num_stale_acks) == (2, 2)
+    executor = ManualExecutor()
+    h = Harness(threshold=4, max_inflight=4, executor=executor, metrics=metrics)
     labels = {"fabric": "inprocess"}
     get = metrics.registry.get_sample_value
-    assert get("meridian_disagg_offloaded_blocks_total", labels) == 2
-    assert get("meridian_disagg_offloaded_bytes_total", labels) == 2 * BLOCK
+    first = h.think("r0", 4)
+    h.exit_think("r0")  # batch A: r0's 4 blocks, in flight (the bound is full)
+    kept = h.think("r1", 2)
+    h.exit_think("r1")
+    gone = h.think("r2", 2)
+    h.exit_think("r2")  # both wait behind batch A
+    assert h.manager.num_pending_blocks == 4
+    executor.run(1)
+    h.poll()  # applies batch A, starts batch B: r1's and r2's blocks together
+    assert h.residency(first) == [Residency.OFFLOADED] * 4
+    assert h.manager.num_inflight_blocks == 4 and h.manager.num_pending_blocks == 0
+    assert get("meridian_disagg_offloaded_bytes_total", labels) == 4 * BLOCK
+    h.free("r2")  # preempted by recompute while batch B is in flight: its acks go stale
+    executor.run(1)
+    h.poll()
+    counters = h.manager.counters
+    assert (counters.num_blocks_offloaded, counters.num_stale_acks) == (6, 2)
+    assert h.residency(kept) == [Residency.OFFLOADED] * 2
+    assert not set(gone) & set(h.manager._pooled)
+    assert get("meridian_disagg_offloaded_blocks_total", labels) == 6
+    assert get("meridian_disagg_offloaded_bytes_total", labels) == 6 * BLOCK
+    assert h.fabric.num_stored == 6  # the stale frames were discarded
     h.assert_no_wrong_kv()
 
 
@@ -555,7 +568,7 @@ def test_freeing_without_forget_is_caught_by_check_integrity() -> None:
 
 
 class OffloadMachine(RuleBasedStateMachine):
-    """Requests think, offload, resume, get evicted and freed while the fabric misbehaves.
+    """Requests think, offload, resume and are freed while the fabric misbehaves.
 
     Invariant: no wrong KV (every local block holds its true bytes, every pooled frame its
     block's bytes unless the test corrupted it) and no lost KV (an offloaded block without a
@@ -643,16 +656,6 @@ class OffloadMachine(RuleBasedStateMachine):
         result = self.h.manager.ingest_request(request_id)
         assert not (set(result.ingested) & self.corrupted), "corrupt KV was ingested"
         self.reported_lost.update(result.fallback)
-
-    @precondition(lambda self: bool(self.live))
-    @rule(data=st.data(), num=st.integers(1, 4))
-    def evict(self, data: st.DataObject, num: int) -> None:
-        target = self.h.blocks.num_free_blocks + num
-        if not self.h.blocks.can_evict_for(target, max_tier=TC):
-            return
-        for block in self.h.blocks.evict_for(target, max_tier=TC):
-            del self.h.truth[block.block_id]
-            self.h.device.pop(block.block_id, None)
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())

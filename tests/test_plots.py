@@ -64,11 +64,11 @@ def run(policy: str, num_requests: int, gap_ms: int, *, chat_only: bool = False)
         )
     end = max(r.answer_token_ns[-1] for r in records)
     samples = [
-        TimeSample(t * 20 * MS, (t * 7) % 500, (t * 3) % 200, 16, 4, t % 6, t % 11, 4, 8)
+        TimeSample(t * 20 * MS, (t * 7) % 500, (t * 3) % 200, 16, 4, t % 6, t % 11)
         for t in range(end // (20 * MS))
     ]
     counters = RunCounters(num_steps=len(samples), preemptions_by_phase={Phase.THINK: 1})
-    return SimResult(policy, 512, records, samples, counters, end_ns=end)
+    return SimResult(policy, "model", 512, records, samples, counters, end_ns=end)
 
 
 def assert_pngs(paths: list[Path], names: list[str], min_bytes: int = 8_000) -> None:

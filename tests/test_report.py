@@ -17,12 +17,14 @@ from meridian.bench.ab import HEADLINE_METRICS, AbFlag, Direction, classify, del
 from meridian.bench.metrics import PolicySummary, SloSpec, summarize
 from meridian.bench.report import (
     AbReport,
+    ForcingSummary,
     SimReport,
     SweepReport,
     build_ab_report,
     build_sweep_report,
     load_report,
     render_markdown,
+    to_json,
     write_ab_report,
     write_report,
     write_sweep_report,
@@ -41,17 +43,21 @@ def run(
     gap_ms: int,
     ttfvt_ms: int,
     *,
-    evictions: int = 0,
     output_preemptions: int = 0,
     think: int = 300,
+    recomputed: int = 0,
+    wrong: int = 0,
 ) -> SimResult:
-    """Six requests (two chat), five answer tokens each, gaps of ``gap_ms`` or ``gap_ms + 1``."""
+    """Six requests (two chat), five answer tokens each, gaps of ``gap_ms`` or ``gap_ms + 1``;
+    the first ``wrong`` of the four reasoning requests have a wrong answer (entropy model)."""
     records = []
+    num_reasoning = 0
     for i in range(6):
         arrival = i * 250 * MS
         reasoning = i % 3 != 0
         first_answer = arrival + ttfvt_ms * MS + (7 * i) * MS
         answers = [first_answer + k * (gap_ms + i % 2) * MS for k in range(5)]
+        num_reasoning += reasoning
         records.append(
             RequestRecord(
                 request_id=f"r{i}",
@@ -68,28 +74,30 @@ def run(
                 num_think_tokens=(think + 13 * i) if reasoning else 0,
                 num_answer_tokens=5,
                 forced_reason=ForceReason.CONVERGED if reasoning and think < 400 else None,
+                answer_correct=num_reasoning > wrong if reasoning else None,
                 answer_token_ns=answers,
                 answer_token_step=[3 * k for k in range(5)],
             )
         )
     counters = RunCounters(
         num_steps=100,
-        num_output_critical_evictions=evictions,
+        num_scheduled_rows=600,
+        num_scheduled_tokens=2000 + 10 * think + recomputed,
         preemptions_by_phase={Phase.OUTPUT: output_preemptions, Phase.THINK: 2},
+        num_recomputed_tokens=recomputed,
     )
-    samples = [
-        TimeSample(t * 10 * MS, t % 50, t % 20, 4, 1, t % 3, t % 5, 2, 2) for t in range(700)
-    ]
+    samples = [TimeSample(t * 10 * MS, t % 50, t % 20, 4, 1, t % 3, t % 5) for t in range(700)]
     end = max(r.answer_token_ns[-1] for r in records)
-    return SimResult(policy, 64, records, samples, counters, end_ns=end)
+    return SimResult(policy, "model", 64, records, samples, counters, end_ns=end)
 
 
 def report(rate: float = 4.0, **overrides: Any) -> SimReport:
-    """Meridian: 20 ms gaps; vllm-fcfs: 55 ms gaps (misses the ITL SLO), evictions and output
-    preemptions; static-budget: 21 ms gaps but answers 400 ms sooner (Meridian's TTFVT loses)."""
+    """Meridian: 20 ms gaps; vllm-fcfs: 55 ms gaps (misses the ITL SLO), output preemptions,
+    recomputed tokens and one wrong answer of four; static-budget: 21 ms gaps but answers 400 ms
+    sooner (Meridian's TTFVT loses)."""
     runs = {
         "meridian": run("meridian", 20, 1500, think=260),
-        "vllm-fcfs": run("vllm-fcfs", 55, 1600, evictions=3, output_preemptions=4),
+        "vllm-fcfs": run("vllm-fcfs", 55, 1600, output_preemptions=4, recomputed=120, wrong=1),
         "static-budget": run("static-budget", 21, 1100, think=300),
     }
     slo = SloSpec()
@@ -163,11 +171,30 @@ def test_headline_metrics_order() -> None:
         "throughput",
         "goodput",
         "think tokens avg",
-        "premature force rate (model)",
-        "OutputCritical evictions",
+        "answer accuracy (model)",
+        "worst answer gap",
         "preemptions (output phase)",
         "preemptions (think phase)",
+        "recomputed tokens",
     ]
+    assert [m.key for m in HEADLINE_METRICS] == [
+        "output_itl_p99_s",
+        "output_itl_p95_s",
+        "ttfvt_p95_s",
+        "ttfvt_p50_s",
+        "ttot_p95_s",
+        "ttft_p95_s",
+        "throughput_tok_s",
+        "goodput_req_s",
+        "think_tokens_avg",
+        "answer_accuracy_pct",
+        "worst_answer_gap_steps",
+        "preemptions_output",
+        "preemptions_think",
+        "recomputed_tokens",
+    ]
+    higher = {m.label for m in HEADLINE_METRICS if m.direction is Direction.HIGHER}
+    assert higher == {"throughput", "goodput", "answer accuracy (model)"}
 
 
 # --- A/B ------------------------------------------------------------------------------------------
@@ -190,13 +217,26 @@ def test_ab_report_values_and_flags() -> None:
     # static-budget answers 400 ms sooner: Meridian's TTFVT is a LOSS there.
     assert rows["ttfvt_p50_s"].comparisons["static-budget"].flag is AbFlag.LOSS
     assert rows["ttfvt_p50_s"].comparisons["vllm-fcfs"].flag is AbFlag.WIN_SMALL
-    # Evictions 0 against 3: a win; 0 against 0: flat, by absolute comparison.
-    ev = rows["output_critical_evictions"]
-    assert ev.comparisons["vllm-fcfs"].flag is AbFlag.WIN
-    assert ev.comparisons["static-budget"].flag is AbFlag.FLAT
-    assert ev.comparisons["static-budget"].delta_pct is None
+    # Answer accuracy (model), higher is better: 100 % against 75 % is a WIN.
+    acc = rows["answer_accuracy_pct"]
+    assert acc.values == {"meridian": 100.0, "vllm-fcfs": 75.0, "static-budget": 100.0}
+    assert acc.comparisons["vllm-fcfs"].delta_pct == 33.3333  # +1/3, 6 significant digits
+    assert acc.comparisons["vllm-fcfs"].flag is AbFlag.WIN
+    assert acc.comparisons["static-budget"].flag is AbFlag.FLAT
+    assert acc.comparisons["static-budget"].delta_pct == 0.0
+    # Recomputed tokens 0 against 120: -100 %, a WIN; 0 against 0: flat, by absolute comparison.
+    rec = rows["recomputed_tokens"]
+    assert rec.values == {"meridian": 0.0, "vllm-fcfs": 120.0, "static-budget": 0.0}
+    assert rec.comparisons["vllm-fcfs"].delta_pct == -100.0
+    assert rec.comparisons["vllm-fcfs"].flag is AbFlag.WIN
+    assert rec.comparisons["static-budget"].flag is AbFlag.FLAT
+    assert rec.comparisons["static-budget"].delta_pct is None
     assert rows["preemptions_think"].comparisons["vllm-fcfs"].flag is AbFlag.FLAT
     assert rows["preemptions_output"].comparisons["vllm-fcfs"].flag is AbFlag.WIN
+    assert rows["preemptions_output"].comparisons["static-budget"].flag is AbFlag.FLAT
+    # Every request's answer gaps are 3 steps: equal everywhere.
+    assert rows["worst_answer_gap_steps"].values["vllm-fcfs"] == 3.0
+    assert rows["worst_answer_gap_steps"].comparisons["vllm-fcfs"].flag is AbFlag.FLAT
 
 
 def test_ab_needs_the_candidate_and_known_baselines() -> None:
@@ -239,8 +279,15 @@ def test_report_json_is_byte_identical_and_canonical(tmp_path: Path) -> None:
     assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
     assert str(tmp_path) not in text
     data = json.loads(text)
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert data["summaries"]["meridian"]["output_itl_s"]["p50"] == 0.0205
+    # The defaults of the run parameters added in schema version 2.
+    assert data["engine"] == "model" and data["async_scheduling"] is False
+    assert data["max_num_seqs"] is None and data["num_kv_blocks"] is None
+    assert data["static_cap"] is None and data["forcing"] == []
+    assert data["summaries"]["vllm-fcfs"]["num_scheduled_tokens"] == 5120
+    assert data["summaries"]["vllm-fcfs"]["answer_accuracy_pct"] == 75.0
+    assert "num_output_critical_evictions" not in data["summaries"]["meridian"]
 
 
 def test_report_json_is_identical_in_another_process(tmp_path: Path) -> None:
@@ -267,20 +314,121 @@ def test_report_round_trips_through_the_schema(tmp_path: Path) -> None:
     assert again == r
     assert isinstance(again.summaries["vllm-fcfs"], PolicySummary)
     data = json.loads(path.read_text())
-    data["schema_version"] = 2
+    data["schema_version"] = 1  # a report of the previous schema is refused, not misread
     path.write_text(json.dumps(data))
-    with pytest.raises(MeridianError, match=r"not a valid SimReport.*schema_version"):
+    with pytest.raises(MeridianError, match=r"not a valid SimReport \(schema_version 2\)"):
         load_report(path, SimReport)
     with pytest.raises(MeridianError, match="cannot read report"):
         load_report(tmp_path / "missing.json", SimReport)
+
+
+FORCING = [
+    ForcingSummary(
+        forcing="off",
+        num_reasoning=4,
+        think_tokens_avg=350.0,
+        think_tokens_saved_pct=0.0,
+        num_forced=0,
+        answer_accuracy_pct=100.0,
+    ),
+    ForcingSummary(
+        forcing="meridian",
+        num_reasoning=4,
+        think_tokens_avg=299.0,
+        think_tokens_saved_pct=100 * 51 / 350,  # 14.571428...: stored as 14.5714
+        num_forced=4,
+        answer_accuracy_pct=75.0,
+    ),
+    ForcingSummary(
+        forcing="static:280",
+        num_reasoning=4,
+        think_tokens_avg=280.0,
+        think_tokens_saved_pct=20.0,
+        num_forced=3,
+        answer_accuracy_pct=50.0,
+    ),
+]
+ENGINE_SHAPE: dict[str, Any] = {
+    "engine": "vllm",
+    "async_scheduling": True,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "num_kv_blocks": 4096,
+}
+
+
+def test_report_with_forcing_round_trips_as_schema_2(tmp_path: Path) -> None:
+    r = report(static_cap=280, forcing=FORCING, **ENGINE_SHAPE)
+    path = write_report(r, tmp_path)[0]
+    data = json.loads(path.read_text())
+    assert data["schema_version"] == 2
+    assert data["engine"] == "vllm" and data["async_scheduling"] is True
+    assert (data["max_num_seqs"], data["max_num_batched_tokens"], data["num_kv_blocks"]) == (
+        256,
+        8192,
+        4096,
+    )
+    assert data["static_cap"] == 280
+    assert [f["forcing"] for f in data["forcing"]] == ["off", "meridian", "static:280"]
+    assert data["forcing"][1] == {
+        "forcing": "meridian",
+        "num_reasoning": 4,
+        "think_tokens_avg": 299.0,
+        "think_tokens_saved_pct": 14.5714,
+        "num_forced": 4,
+        "answer_accuracy_pct": 75.0,
+    }
+    again = load_report(path, SimReport)
+    assert again == r
+    assert isinstance(again.forcing[0], ForcingSummary)
+    # The A/B and the sweep carry the run parameters, not the forcing comparison.
+    ab = build_ab_report(again)
+    assert (ab.engine, ab.async_scheduling, ab.num_kv_blocks) == ("vllm", True, 4096)
+    assert "forcing" not in json.loads(to_json(ab))
+    sweep = build_sweep_report([again, report(8.0, **ENGINE_SHAPE)])
+    assert sweep.engine == "vllm" and sweep.max_num_seqs == 256
+
+
+def test_report_markdown_forcing_section_and_engine() -> None:
+    md = render_markdown(report(static_cap=280, forcing=FORCING, **ENGINE_SHAPE))
+    assert (
+        "Engine: vLLM's own scheduler driven on virtual time (`--engine vllm`). Engine shape: "
+        "max_num_seqs 256, max_num_batched_tokens 8,192, 4,096 KV blocks, chunked prefill and "
+        "prefix caching on, asynchronous scheduling." in md
+    )
+    assert "## Forcing, apart from scheduling" in md
+    section = md.split("## Forcing, apart from scheduling", 1)[1].split("\n## ", 1)[0]
+    assert "`static-budget` ran at cap 280: the saving of Meridian's forcing." in section
+    assert (
+        "| forcing | think tokens avg | saved (%) | forced | answer accuracy (model, %) |"
+        in section
+    )
+    assert "| `off` | 350 | 0 | 0 | 100 |" in section
+    assert "| `meridian` | 299 | 14.57 | 4 | 75 |" in section
+    assert "| `static:280` | 280 | 20 | 3 | 50 |" in section
+    # Between the summary and the losses.
+    assert md.index("## Summary") < md.index("## Forcing") < md.index("## Where Meridian loses")
+    # Without a static cap the section says nothing about one.
+    no_cap = render_markdown(report(forcing=FORCING[:2]))
+    assert "## Forcing, apart from scheduling" in no_cap
+    assert "ran at cap" not in no_cap and "`static:280`" not in no_cap
+    synchronous = render_markdown(report(**{**ENGINE_SHAPE, "async_scheduling": False}))
+    assert "prefix caching on, synchronous scheduling." in synchronous
 
 
 def test_report_markdown_table_and_losses(tmp_path: Path) -> None:
     md = write_report(report(), tmp_path)[1].read_text()
     assert "| metric | unit | `meridian` | `vllm-fcfs` | `static-budget` |" in md
     assert "| output ITL P99 | ms | 21 | 56 | 22 |" in md
-    assert "| OutputCritical evictions | count | 0 | 3 | 0 |" in md
     assert "| premature force rate (model) | % forced |" in md
+    assert "| recomputed tokens | tokens | 0 | 120 | 0 |" in md
+    # Think tokens 260 / 300 / 300 (+ 13 i): 2000 + 10 x think + recomputed.
+    assert "| computed tokens (work) | tokens | 4,600 | 5,120 | 5,000 |" in md
+    assert "| answer accuracy (model) | % reasoning | 100 | 75 | 100 |" in md
+    assert "OutputCritical" not in md
+    assert "Engine: the fast engine model (`--engine model`)" in md
+    assert "Engine shape" not in md  # no shape given
+    assert "## Forcing, apart from scheduling" not in md  # no forcing given
     assert "## Where Meridian loses" in md
     assert "- **TTFVT P50** vs `static-budget`" in md
     assert "Nowhere on this run." not in md
@@ -332,6 +480,8 @@ def test_sweep_report(tmp_path: Path) -> None:
 def test_sweep_rejects_mismatched_runs() -> None:
     with pytest.raises(MeridianError, match="differ in \\['seed'\\]"):
         build_sweep_report([report(2.0), report(4.0, seed=8)])
+    with pytest.raises(MeridianError, match="differ in \\['engine', 'num_kv_blocks'\\]"):
+        build_sweep_report([report(2.0), report(4.0, engine="vllm", num_kv_blocks=64)])
     with pytest.raises(MeridianError, match="distinct"):
         build_sweep_report([report(2.0), report(2.0)])
     with pytest.raises(MeridianError, match="at least one"):

@@ -240,7 +240,7 @@ source = ""
 
 
 def test_preset_file_errors_name_the_field() -> None:
-    _, models = load_presets(TINY_MODEL)
+    _, models, _ = load_presets(TINY_MODEL)
     assert models["tiny"].kv_bytes_per_token == 2 * 1 * 1 * 4 * 2
     with pytest.raises(ConfigError, match=r"model\.tiny: missing source"):
         load_presets(TINY_MODEL.replace('source = "x"\n', ""))
@@ -250,6 +250,26 @@ def test_preset_file_errors_name_the_field() -> None:
         load_presets(BAD_HARDWARE)
     with pytest.raises(ConfigError, match=r"unknown table\(s\) gpu"):
         load_presets("[gpu.x]\nname = 1\n")
+    good_hardware = BAD_HARDWARE.replace("mfu = 1.5", "mfu = 0.5")
+    with pytest.raises(ConfigError, match=r"no \[vllm_defaults\] for x"):
+        load_presets(good_hardware)
+    defaults = (
+        "[vllm_defaults.x]\nmax_num_seqs = 8\nmax_num_batched_tokens = 64\n"
+        'gpu_memory_utilization = 0.9\nsource = "s"\n'
+    )
+    hardware, _, vllm = load_presets(good_hardware + defaults)
+    assert vllm["x"].max_num_seqs == 8 and "x" in hardware
+
+
+def test_every_hardware_preset_has_vllms_defaults() -> None:
+    from meridian.sim.presets import VLLM_DEFAULTS, vllm_defaults
+
+    assert set(VLLM_DEFAULTS) == set(HARDWARE)
+    h100 = vllm_defaults("h100-sxm")
+    assert (h100.max_num_seqs, h100.max_num_batched_tokens) == (1024, 8192)
+    assert h100.gpu_memory_utilization == 0.92
+    with pytest.raises(ConfigError, match="unknown hardware preset"):
+        vllm_defaults("tpu")
 
 
 def test_spec_validation_is_actionable() -> None:

@@ -14,10 +14,11 @@ from prometheus_client.samples import Sample
 from meridian.config import MeridianConfig
 from meridian.core.types import ForceReason, Phase
 from meridian.sim.engine import Engine, EngineConfig
-from meridian.sim.policies import make_policy
+from meridian.sim.policies import make_sim_policy, parse_policy
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
 from meridian.sim.request import RequestKind, RequestSpec
 from meridian.sim.steptime import BatchShape
+from meridian.sim.streams import FORCING_MERIDIAN, build_streams
 from meridian.telemetry import catalogue as cat
 from meridian.telemetry.catalogue import CATALOGUE, MetricKind
 from meridian.telemetry.exporter import (
@@ -164,10 +165,10 @@ def test_record_sim_result_by_hand() -> None:
         record("c", think_end_ns=5, num_think_tokens=9000, forced_reason=ForceReason.HARD_CAP),
     ]
     counters = RunCounters(
-        num_output_critical_evictions=6, preemptions_by_phase={Phase.THINK: 2, Phase.OUTPUT: 1}
+        num_scheduled_tokens=900, preemptions_by_phase={Phase.THINK: 2, Phase.OUTPUT: 1}
     )
-    sample = TimeSample(0, 50, 20, 9, 4, 3, 6, 2, 5)
-    result = SimResult("meridian", 1000, records, [sample], counters, 4_000_000_000)
+    sample = TimeSample(0, 50, 20, 9, 4, 3, 6)
+    result = SimResult("meridian", "model", 1000, records, [sample], counters, 4_000_000_000)
     metrics = MeridianMetrics()
     record_sim_result(metrics, result, block_size_bytes=1024)
 
@@ -186,12 +187,14 @@ def test_record_sim_result_by_hand() -> None:
     assert get("meridian_output_itl_seconds_sum") == pytest.approx(0.05)
     assert get("meridian_preemptions_total", phase="think") == 2
     assert get("meridian_preemptions_total", phase="output") == 1
-    assert get("meridian_output_critical_evictions_total") == 6
     assert get("meridian_tracked_requests") == 1  # "c" never finished
     assert get("meridian_queue_depth", phase="output") == 3
     assert get("meridian_queue_depth", phase="think") == 6
-    assert get("meridian_batch_size", phase="output") == 2
-    assert get("meridian_batch_size", phase="think") == 5
+    # The simulator has no OutputCritical evictions and samples no batch sizes: those series
+    # stay at their initial 0.
+    assert get("meridian_output_critical_evictions_total") == 0
+    assert get("meridian_batch_size", phase="output") == 0
+    assert get("meridian_batch_size", phase="think") == 0
     assert get("meridian_kv_capacity_bytes") == 1000 * 1024
     assert get("meridian_kv_used_bytes", tier="think_active") == 20 * 1024
     assert get("meridian_kv_used_bytes", tier="output_critical") == 30 * 1024
@@ -236,9 +239,10 @@ def test_a_real_sim_run_scraped_matches_its_result() -> None:
     engine = Engine(
         EngineConfig(num_kv_blocks=120, max_num_seqs=16, max_num_batched_tokens=256),
         LinearStepTime(),
-        make_policy("meridian", config, 50_000_000),
+        make_sim_policy(parse_policy("meridian"), config, 50_000_000),
     )
-    result = engine.run(small_workload(24))
+    result = engine.run(build_streams(small_workload(24), FORCING_MERIDIAN, config))
+    assert result.engine == "model"
     metrics = MeridianMetrics()
     record_sim_result(metrics, result)
     with metrics_server(metrics) as port:
@@ -256,7 +260,5 @@ def test_a_real_sim_run_scraped_matches_its_result() -> None:
     for phase in cat.ROW_PHASES:
         expected = result.counters.preemptions_by_phase.get(phase, 0)
         assert value(families, cat.PREEMPTIONS, phase=cat.phase_label(phase)) == expected
-    assert value(families, cat.OUTPUT_CRITICAL_EVICTIONS) == (
-        result.counters.num_output_critical_evictions
-    )
+    assert value(families, cat.OUTPUT_CRITICAL_EVICTIONS) == 0  # not a simulator event
     assert value(families, cat.TRACKED_REQUESTS) == 0  # every request finished

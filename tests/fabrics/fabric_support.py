@@ -161,7 +161,7 @@ class KvHarness:
     """
 
     def __init__(self, fabric: Fabric, *, num_blocks: int = 64, threshold: int = 4) -> None:
-        config = KvMemoryConfig(block_size_bytes=BLOCK_BYTES, think_phase_memory_fraction=0.9)
+        config = KvMemoryConfig(block_size_bytes=BLOCK_BYTES)
         self.blocks = TieredBlockManager(config, num_blocks * BLOCK_BYTES)
         self.fabric = fabric
         self.device: dict[int, bytes] = {}

@@ -51,7 +51,7 @@ def test_scheduling_is_output_invariant(engine: Any, chat_prompt: Prompt) -> Non
         scheduler = scheduler_of(llm)
         assert isinstance(scheduler, MeridianScheduler)
         assert scheduler.meridian_stats.num_reordered_steps > 0
-        assert scheduler.meridian_stats.policy_errors == 0
+        assert scheduler.meridian_overhead.policy_errors == 0
         assert scheduler.meridian_num_tracked == 0
         assert sum(meridian_processor_of(llm).forcer.num_forced.values()) == 0
     assert ours == stock
@@ -168,7 +168,7 @@ def test_preemption_by_phase(engine: Any, chat_prompt: Prompt) -> None:
             print(f"{name}: {scheduler.meridian_stats.snapshot()}")
             gaps[name] = scheduler.meridian_stats.max_answer_gap_steps
             assert scheduler.meridian_num_tracked == 0
-            assert scheduler.meridian_stats.policy_errors == 0
+            assert scheduler.meridian_overhead.policy_errors == 0
             scheduler.meridian_policy.check_integrity()
             assert [len(o) for o in outputs] == [p.max_tokens for p in params]
     assert results["stock"][Phase.OUTPUT] > 0, "the workload must make stock preempt answers"
@@ -195,10 +195,10 @@ def test_measured_output_budget_defers_thinking_requests(
     with engine(meridian=True) as llm:
         ours = token_ids(llm.generate(prompts, params, use_tqdm=False))
         scheduler = scheduler_of(llm)
-        assert scheduler.meridian_step_time.num_samples >= 32
+        assert scheduler.meridian_policy.step_time.num_samples >= 32
         assert scheduler.meridian_policy.output_budget == 1
         assert scheduler.meridian_stats.num_deferred > 0
-        assert scheduler.meridian_stats.policy_errors == 0
+        assert scheduler.meridian_overhead.policy_errors == 0
     assert ours == stock
     timed("measured output budget", start)
 

@@ -14,9 +14,10 @@ Flags (thresholds on |Δ|, inclusive at the lower edge):
 ====================  ==========  ==========
 
 When the baseline is 0 a relative change is undefined, so the comparison is absolute: equal is
-FLAT, a better candidate is WIN and a worse one LOSS (for counts such as evictions: any eviction
-where the baseline had none is a LOSS), and Δ% is ``None``. A metric missing on either side
-(``None``, e.g. no TTOT because there were no reasoning requests) has no Δ and no flag.
+FLAT, a better candidate is WIN and a worse one LOSS (for counts such as preemptions: any
+preemption where the baseline had none is a LOSS), and Δ% is ``None``. A metric missing on
+either side (``None``, e.g. no TTOT because there were no reasoning requests) has no Δ and no
+flag.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ FLAT_BELOW_PCT = 2.0
 BIG_FROM_PCT = 10.0
 THRESHOLDS_TEXT = (
     "Flags: |Δ| < 2 % is FLAT; 2–10 % better is win, ≥ 10 % better is WIN; 2–10 % worse is "
-    "loss, ≥ 10 % worse is LOSS. Better means lower for latencies, think tokens, premature "
-    "forces, evictions and preemptions, and higher for throughput and goodput. When the baseline "
-    "is 0 the comparison is absolute: equal is FLAT, better is WIN, worse is LOSS."
+    "loss, ≥ 10 % worse is LOSS. Better means lower for latencies, think tokens, answer gaps, "
+    "preemptions and recomputed tokens, and higher for throughput, goodput and accuracy. When "
+    "the baseline is 0 the comparison is absolute: equal is FLAT, better is WIN, worse is LOSS."
 )
 
 
@@ -95,12 +96,12 @@ HEADLINE_METRICS: tuple[HeadlineMetric, ...] = (
         lambda s: s.think_tokens.mean,
     ),
     HeadlineMetric(
-        "premature_force_pct", "premature force rate (model)", "%", Direction.LOWER,
-        lambda s: s.premature_force_pct,
+        "answer_accuracy_pct", "answer accuracy (model)", "%", Direction.HIGHER,
+        lambda s: s.answer_accuracy_pct,
     ),
     HeadlineMetric(
-        "output_critical_evictions", "OutputCritical evictions", "count", Direction.LOWER,
-        lambda s: s.num_output_critical_evictions,
+        "worst_answer_gap_steps", "worst answer gap", "steps", Direction.LOWER,
+        lambda s: s.worst_answer_gap_steps,
     ),
     HeadlineMetric(
         "preemptions_output", "preemptions (output phase)", "count", Direction.LOWER,
@@ -109,6 +110,10 @@ HEADLINE_METRICS: tuple[HeadlineMetric, ...] = (
     HeadlineMetric(
         "preemptions_think", "preemptions (think phase)", "count", Direction.LOWER,
         lambda s: s.preemptions.think,
+    ),
+    HeadlineMetric(
+        "recomputed_tokens", "recomputed tokens", "tokens", Direction.LOWER,
+        lambda s: s.num_recomputed_tokens,
     ),
 )  # fmt: skip
 

@@ -5,7 +5,7 @@ run. The stock side is vLLM's own order (through
 :class:`~meridian.vllm.scheduler.MeridianShadowScheduler`, which keeps vLLM's order and only
 counts, so preemptions by phase can be compared) with no logits processor: no forcing. The
 Meridian side is exactly what ``meridian serve`` starts. After each run the server's ``/metrics``
-is scraped for preemptions by phase and OutputCritical evictions.
+is scraped for preemptions by phase.
 """
 
 from __future__ import annotations
@@ -99,10 +99,9 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float, log:
         time.sleep(1)
 
 
-def scrape_counters(text: str) -> tuple[dict[Phase, int], int]:
-    """Preemptions by phase and OutputCritical evictions from a ``/metrics`` page."""
+def scrape_preemptions(text: str) -> dict[Phase, int]:
+    """Preemptions by phase from a ``/metrics`` page."""
     preemptions: dict[Phase, int] = {}
-    evictions = 0
     phases = {p.name.lower(): p for p in Phase}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -110,9 +109,7 @@ def scrape_counters(text: str) -> tuple[dict[Phase, int], int]:
                 phase = phases.get(sample.labels.get("phase", ""))
                 if phase is not None:
                     preemptions[phase] = preemptions.get(phase, 0) + int(sample.value)
-            elif sample.name == "meridian_output_critical_evictions_total":
-                evictions += int(sample.value)
-    return preemptions, evictions
+    return preemptions
 
 
 def run_side(
@@ -143,7 +140,7 @@ def run_side(
                 url=f"{url}/v1", model=spec.model, replay_think_lengths=spec.replay_think_lengths
             )
             result, errors, retried = run_real(run, requests, side)
-            preemptions, evictions = scrape_counters(httpx.get(f"{url}/metrics", timeout=10).text)
+            preemptions = scrape_preemptions(httpx.get(f"{url}/metrics", timeout=10).text)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -152,5 +149,4 @@ def run_side(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     result.counters.preemptions_by_phase = preemptions
-    result.counters.num_output_critical_evictions = evictions
     return result, errors, retried

@@ -9,7 +9,11 @@ Definitions (DESIGN.md, "Measuring"); every time is in seconds of simulated time
   requests.
 - throughput = generated tokens (think + answer, all requests) / makespan, where the makespan runs
   from the first arrival to the last finish.
-- goodput = finished requests meeting *both* SLOs (:class:`SloSpec`) / makespan.
+- goodput = finished requests meeting *both* SLOs (:class:`SloSpec`) whose answer is not wrong
+  (a reasoning request forced to stop before its settle point, in the simulator's entropy model,
+  has a wrong answer) / makespan.
+- answer accuracy (model) = finished reasoning requests with a correct answer, as the entropy
+  model defines it, over those with a verdict (a simulator figure, not a measured accuracy).
 
 Percentiles use ``numpy.percentile(..., method="linear")``; a metric with no values is ``None``
 (JSON ``null``), never an error. Every float of a summary is rounded to 6 significant digits so
@@ -203,14 +207,19 @@ class PolicySummary(_Model):
     )
     think_tokens_saved_pct: Sig6 | None
 
-    num_output_critical_evictions: int
     preemptions: PreemptionsByPhase
-    num_recomputed_tokens: int
-    num_offloaded_blocks: int = Field(
-        default=0, description="KV blocks offloaded to the KV pool (meridian-disagg)."
+    num_recomputed_tokens: int = Field(
+        description="Tokens computed again after preemptions (prefix-cache hits excluded)."
     )
-    num_ingested_blocks: int = Field(
-        default=0, description="Offloaded KV blocks pulled back on resume instead of recomputed."
+    num_scheduled_tokens: int = Field(
+        default=0, description="Every token the engine computed (its work), recompute included."
+    )
+    answer_accuracy_pct: Sig6 | None = Field(
+        default=None,
+        description=(
+            "Finished reasoning requests whose answer is correct per the workload's entropy "
+            "*model* (a forced stop before the settle point is wrong); null without a verdict."
+        ),
     )
     worst_answer_gap_steps: int | None = Field(
         description="Largest engine-step distance between two consecutive answer tokens."
@@ -218,7 +227,9 @@ class PolicySummary(_Model):
 
     throughput_tok_s: Sig6 | None
     goodput_req_s: Sig6 | None
-    num_slo_met: int = Field(description="Finished requests meeting both SLOs.")
+    num_slo_met: int = Field(
+        description="Finished requests meeting both SLOs with an answer that is not wrong."
+    )
     slo_met_pct: Sig6 | None = Field(description="num_slo_met over all requests.")
 
     series: TimeSeries
@@ -343,8 +354,9 @@ def worst_answer_gap_steps(records: Sequence[RequestRecord]) -> int | None:
 
 
 def meets_slo(record: RequestRecord, slo: SloSpec) -> bool:
-    """True when a *finished* request meets both the TTFVT and the output-ITL SLO."""
-    if not record.finished or record.first_answer_ns is None:
+    """True when a *finished* request meets both the TTFVT and the output-ITL SLO, and its answer
+    is not wrong (``answer_correct`` False: a premature stop in the entropy model)."""
+    if not record.finished or record.first_answer_ns is None or record.answer_correct is False:
         return False
     ttfvt_s = (record.first_answer_ns - record.arrival_ns) / NS_PER_S
     if ttfvt_s > slo.ttfvt_slo_s(record.num_think_tokens_requested):
@@ -386,7 +398,7 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
     Request subsets: TTFT/TTFVT/TTOT use every request that reached the event; token counts use
     finished requests; forced percentages are over all reasoning requests; think tokens saved are
     over reasoning requests that passed ``</think>`` (an unfinished think phase saved nothing).
-    Preemptions, evictions and recomputed tokens are the run-wide counters.
+    Preemptions, recomputed and computed tokens are the run-wide counters.
     """
     records = result.records
     reasoning = [r for r in records if r.kind is RequestKind.REASONING]
@@ -407,6 +419,11 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
     rate_window_s = makespan_s if makespan_s is not None and makespan_s > 0 else None
     generated = sum(r.num_think_tokens + r.num_answer_tokens for r in records)
     num_slo_met = sum(meets_slo(r, slo) for r in finished)
+    verdicts = [
+        r.answer_correct
+        for r in finished
+        if r.kind is RequestKind.REASONING and r.answer_correct is not None
+    ]
 
     counters = result.counters
     by_phase = counters.preemptions_by_phase
@@ -429,15 +446,14 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
         premature_force_pct=premature_pct,
         think_tokens_saved=saved,
         think_tokens_saved_pct=_pct(saved, requested),
-        num_output_critical_evictions=counters.num_output_critical_evictions,
         preemptions=PreemptionsByPhase(
             prefill=by_phase.get(Phase.PREFILL, 0),
             think=by_phase.get(Phase.THINK, 0),
             output=by_phase.get(Phase.OUTPUT, 0),
         ),
         num_recomputed_tokens=counters.num_recomputed_tokens,
-        num_offloaded_blocks=counters.num_offloaded_blocks,
-        num_ingested_blocks=counters.num_ingested_blocks,
+        num_scheduled_tokens=counters.num_scheduled_tokens,
+        answer_accuracy_pct=_pct(sum(verdicts), len(verdicts)),
         worst_answer_gap_steps=worst_answer_gap_steps(records),
         throughput_tok_s=None if rate_window_s is None else generated / rate_window_s,
         goodput_req_s=None if rate_window_s is None else num_slo_met / rate_window_s,

@@ -235,6 +235,7 @@ def run_real(
     records, errors, retried, end_ns = asyncio.run(_run_all(run, specs, on_done))
     result = SimResult(
         policy=label,
+        engine="real",
         num_kv_blocks=0,
         records=records,
         samples=[],

@@ -1,6 +1,6 @@
 """Reports of simulator runs: JSON for machines, Markdown for people.
 
-Three reports, each a pydantic model with ``schema_version: Literal[1]``:
+Three reports, each a pydantic model with ``schema_version: Literal[2]``:
 
 - :class:`SimReport`: one arrival rate, one :class:`PolicySummary` per policy
   (``report.json`` / ``report.md``);
@@ -22,7 +22,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from meridian.bench.ab import (
     BIG_FROM_PCT,
@@ -39,9 +46,10 @@ from meridian.errors import MeridianError
 
 CANDIDATE = "meridian"
 PREMATURE_NOTE = (
-    "Premature force rate is a *model*: the share of forced `</think>` that came before the "
-    "request's settle point in the workload's entropy model, an accuracy-risk proxy, not a "
-    "measured accuracy."
+    "Answer accuracy and premature force rate are a *model*: a forced `</think>` before the "
+    "request's settle point in the workload's entropy model makes its answer wrong (and it does "
+    "not count toward goodput). The entropy model's parameters are assumptions, not fitted to a "
+    "real model's traces; forcing's real accuracy cost is measured with a model that reasons."
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -52,7 +60,7 @@ class _RunParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2
     workload: str
     seed: int
     duration_s: Sig6
@@ -60,6 +68,14 @@ class _RunParameters(BaseModel):
     model: str
     slo: SloSpec
     policies: list[str]
+    engine: str = Field(
+        default="model",
+        description="vllm (vLLM's scheduler on virtual time), model (the fast engine) or real.",
+    )
+    async_scheduling: bool = False
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_kv_blocks: int | None = None
 
     @field_validator("workload")
     @classmethod
@@ -73,11 +89,30 @@ class _RunParameters(BaseModel):
         return value
 
 
+class ForcingSummary(BaseModel):
+    """One forcing on the workload, apart from scheduling (the streams every engine replays)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    forcing: str = Field(description="off, meridian, or static:CAP (vLLM's thinking budget).")
+    num_reasoning: int
+    think_tokens_avg: Sig6 | None
+    think_tokens_saved_pct: Sig6 | None = Field(description="Against forcing off.")
+    num_forced: int
+    answer_accuracy_pct: Sig6 | None = Field(description="Per the entropy *model*.")
+
+
 class SimReport(_RunParameters):
-    """One simulator run per policy, same workload and seed, at one arrival rate (requests/s)."""
+    """One simulator run per policy, same workload and seed, at one arrival rate (requests/s).
+
+    ``static_cap`` is the cap ``static-budget`` ran at: the one whose think-token saving matches
+    Meridian's forcing on this workload. ``forcing`` compares forcings apart from scheduling.
+    """
 
     arrival_rate: Sig6
     summaries: dict[str, PolicySummary]
+    static_cap: int | None = None
+    forcing: list[ForcingSummary] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _policies_match(self) -> SimReport:
@@ -189,6 +224,11 @@ def _run_parameters(report: _RunParameters) -> dict[str, object]:
         "model": report.model,
         "slo": report.slo,
         "policies": list(report.policies),
+        "engine": report.engine,
+        "async_scheduling": report.async_scheduling,
+        "max_num_seqs": report.max_num_seqs,
+        "max_num_batched_tokens": report.max_num_batched_tokens,
+        "num_kv_blocks": report.num_kv_blocks,
     }
 
 
@@ -207,7 +247,7 @@ def load_report(path: Path, kind: type[M]) -> M:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise MeridianError(
-            f"{path} is not a valid {kind.__name__} (schema_version 1): {where}: {first['msg']}"
+            f"{path} is not a valid {kind.__name__} (schema_version 2): {where}: {first['msg']}"
         ) from exc
 
 
@@ -300,31 +340,49 @@ _SUMMARY_ROWS: tuple[tuple[str, str, float, _Reader], ...] = (
     ("premature force rate (model)", "% forced", 1.0, lambda s: s.premature_force_pct),
     ("think tokens saved", "tokens", 1.0, lambda s: s.think_tokens_saved),
     ("think tokens saved", "% requested", 1.0, lambda s: s.think_tokens_saved_pct),
-    ("OutputCritical evictions", "count", 1.0, lambda s: s.num_output_critical_evictions),
     ("preemptions (prefill)", "count", 1.0, lambda s: s.preemptions.prefill),
     ("preemptions (think)", "count", 1.0, lambda s: s.preemptions.think),
     ("preemptions (output)", "count", 1.0, lambda s: s.preemptions.output),
     ("recomputed tokens", "tokens", 1.0, lambda s: s.num_recomputed_tokens),
+    ("computed tokens (work)", "tokens", 1.0, lambda s: s.num_scheduled_tokens),
     ("worst answer gap", "steps", 1.0, lambda s: s.worst_answer_gap_steps),
     ("throughput", "tokens/s", 1.0, lambda s: s.throughput_tok_s),
     ("goodput", "requests/s", 1.0, lambda s: s.goodput_req_s),
+    ("answer accuracy (model)", "% reasoning", 1.0, lambda s: s.answer_accuracy_pct),
     ("SLO met", "% requests", 1.0, lambda s: s.slo_met_pct),
 )
 
 
+ENGINE_TEXT = {
+    "vllm": "vLLM's own scheduler driven on virtual time (`--engine vllm`)",
+    "model": "the fast engine model (`--engine model`), checked against vLLM's scheduler by "
+    "`meridian bench fidelity`",
+    "real": "a live server",
+}
+
+
 def _header(title: str, params: _RunParameters, rate_text: str) -> list[str]:
     slo = params.slo
+    engine = ENGINE_TEXT.get(params.engine, params.engine)
+    shape = ""
+    if params.max_num_seqs is not None:
+        mode = "asynchronous" if params.async_scheduling else "synchronous"
+        shape = (
+            f" Engine shape: max_num_seqs {fmt(params.max_num_seqs)}, max_num_batched_tokens "
+            f"{fmt(params.max_num_batched_tokens)}, {fmt(params.num_kv_blocks)} KV blocks, chunked "
+            f"prefill and prefix caching on, {mode} scheduling."
+        )
     return [
         f"# {title}",
         "",
         f"Workload `{params.workload}`, seed {params.seed}, {rate_text}, "
         f"{fmt(params.duration_s)} s of arrivals; hardware `{params.hardware}`, "
-        f"model `{params.model}`.",
+        f"model `{params.model}`. Engine: {engine}.{shape}",
         "",
         f"SLOs: TTFVT ≤ {fmt(slo.ttfvt_base_s)} s + {fmt(slo.think_tpot_s)} s × think tokens "
         f"requested; output ITL P95 ≤ {fmt(slo.output_itl_s, 1000.0)} ms per request. "
-        "Goodput counts finished requests meeting both, per second of makespan "
-        "(first arrival → last finish).",
+        "Goodput counts finished requests meeting both, with an answer that is not wrong (entropy "
+        "model), per second of makespan (first arrival → last finish).",
         "",
     ]
 
@@ -376,6 +434,8 @@ def render_markdown(report: SimReport) -> str:
         f"arrival rate {fmt(report.arrival_rate)} requests/s",
     )
     lines += ["## Summary", "", *_summary_table(report.policies, report.summaries), ""]
+    if report.forcing:
+        lines += _forcing_section(report)
     has_ab = CANDIDATE in report.summaries and len(report.summaries) > 1
     if has_ab:
         ab = build_ab_report(report)
@@ -383,6 +443,37 @@ def render_markdown(report: SimReport) -> str:
         lines += [THRESHOLDS_TEXT, ""]
     lines += [PREMATURE_NOTE, ""]
     return "\n".join(lines)
+
+
+def _forcing_section(report: SimReport) -> list[str]:
+    rows = [
+        [
+            f"`{f.forcing}`",
+            fmt(f.think_tokens_avg),
+            fmt(f.think_tokens_saved_pct),
+            fmt(f.num_forced),
+            fmt(f.answer_accuracy_pct),
+        ]
+        for f in report.forcing
+    ]
+    cap = (
+        f" `static-budget` ran at cap {report.static_cap}: the saving of Meridian's forcing."
+        if report.static_cap is not None
+        else ""
+    )
+    return [
+        "## Forcing, apart from scheduling",
+        "",
+        "The same streams feed every engine and scheduler; what a forcing saves and what it costs "
+        f"in answers (entropy model).{cap}",
+        "",
+        *_table(
+            ["forcing", "think tokens avg", "saved (%)", "forced", "answer accuracy (model, %)"],
+            ["---", "--:", "--:", "--:", "--:"],
+            rows,
+        ),
+        "",
+    ]
 
 
 def render_ab_markdown(ab: AbReport) -> str:
@@ -472,6 +563,7 @@ def render_sweep_markdown(sweep: SweepReport) -> str:
 __all__ = [
     "AbFlag",
     "AbReport",
+    "ForcingSummary",
     "SimReport",
     "SweepPoint",
     "SweepReport",

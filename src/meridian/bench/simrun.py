@@ -1,38 +1,57 @@
 """Run the simulator for several policies on one workload, and build the reports.
 
-This is the library behind ``meridian bench sim``: it resolves presets, sizes the KV cache, loads
-or generates the workload once, runs every policy on it (same requests, same seed) and turns the
-results into the report models of :mod:`meridian.bench.report`.
+This is the library behind ``meridian bench sim`` and ``meridian bench fidelity``: it resolves
+presets and vLLM's defaults, sizes the KV cache, loads or generates the workload once, builds
+each forcing's streams once, runs every policy on them (same requests, same seed) on the chosen
+engine, and turns the results into the report models of :mod:`meridian.bench.report`.
+
+Engines: ``vllm`` is vLLM's own scheduler on virtual time (:mod:`meridian.sim.vllm_engine`; it
+needs the vLLM environment); ``model`` is the fast engine model (:mod:`meridian.sim.engine`),
+checked against it by ``meridian bench fidelity``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from meridian.bench.metrics import SloSpec, summarize
-from meridian.bench.report import SimReport
+from meridian.bench.report import ForcingSummary, SimReport
 from meridian.bench.traces import read_trace
 from meridian.bench.workloads import WORKLOADS, WorkloadParams, generate_workload
 from meridian.config.schema import MeridianConfig
 from meridian.errors import ConfigError, MeridianError
 from meridian.sim.engine import Engine, EngineConfig
-from meridian.sim.fabric import fabric_model
-from meridian.sim.policies import POLICIES, make_policy
-from meridian.sim.presets import hardware_preset, model_preset
+from meridian.sim.policies import DEFAULT_POLICIES, PolicySpec, make_sim_policy, parse_policy
+from meridian.sim.presets import hardware_preset, model_preset, vllm_defaults
 from meridian.sim.records import SimResult
 from meridian.sim.request import RequestSpec
 from meridian.sim.steptime import FittedStepTime, RooflineStepTime, StepTimeModel
+from meridian.sim.streams import (
+    FORCING_MERIDIAN,
+    FORCING_OFF,
+    Forcing,
+    ForcingKind,
+    Stream,
+    build_streams,
+    matched_static_cap,
+)
 
+ENGINES = ("vllm", "model")
 CANDIDATE = "meridian"
-DISAGG = "meridian-disagg"
-BASELINES = tuple(name for name in POLICIES if name not in (CANDIDATE, DISAGG))
+# The static caps of the forcing table (besides the matched one).
+STATIC_CAP_SWEEP = (1024, 2048, 4096, 8192)
 
 
 @dataclass(frozen=True)
 class SimRunSpec:
-    """Everything one ``bench sim`` run depends on (a run is a function of this and the seed)."""
+    """Everything one ``bench sim`` run depends on (a run is a function of this and the seed).
+
+    ``max_num_seqs``/``max_num_batched_tokens`` default (``None``) to vLLM's own defaults on the
+    hardware; ``async_scheduling`` ``None`` to vLLM's default on a GPU (on) for the vLLM engine
+    (the fast engine models synchronous scheduling only).
+    """
 
     workload: str = "synthetic"
     arrival_rate: float = 8.0
@@ -40,27 +59,38 @@ class SimRunSpec:
     seed: int = 0
     hardware: str = "h100-sxm"
     model: str = "qwen3-8b"
-    policies: Sequence[str] = field(default_factory=lambda: (CANDIDATE, *BASELINES))
+    policies: Sequence[str] = DEFAULT_POLICIES
     config: MeridianConfig = field(default_factory=MeridianConfig)
     slo: SloSpec = field(default_factory=SloSpec)
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    engine: str = "model"
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    async_scheduling: bool | None = None
+    enable_prefix_caching: bool = True
     step_time_csv: Path | None = None
-    disagg: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise MeridianError(
+                f"--engine must be one of {', '.join(ENGINES)}; got {self.engine!r}"
+            )
+        if self.engine == "model" and self.async_scheduling:
+            raise MeridianError(
+                "--engine model models synchronous scheduling only; use --engine vllm for "
+                "asynchronous scheduling"
+            )
+        for name in self.policies:
+            parse_policy(name)  # a clear error for an unknown name, before anything runs
 
-def parse_baselines(text: str) -> list[str]:
-    """``all`` or a comma list of baseline policy names; the candidate always runs first."""
-    if text.strip() == "all":
-        return [CANDIDATE, *BASELINES]
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown or not names:
-        raise MeridianError(
-            f"--baseline: unknown policy {', '.join(unknown) or '(empty)'}; use 'all' or a comma "
-            f"list of: {', '.join(BASELINES)}"
-        )
-    return [CANDIDATE, *[n for n in names if n != CANDIDATE]]
+    @property
+    def policy_specs(self) -> list[PolicySpec]:
+        return [parse_policy(name) for name in self.policies]
+
+    @property
+    def effective_async(self) -> bool:
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return self.engine == "vllm"
 
 
 def load_requests(spec: SimRunSpec, arrival_rate: float) -> list[RequestSpec]:
@@ -87,9 +117,11 @@ def step_model_for(spec: SimRunSpec) -> StepTimeModel:
 
 
 def engine_config_for(spec: SimRunSpec) -> EngineConfig:
-    """Size the KV cache: ``kv_memory.capacity_bytes``, or "auto" = 85 % of the device's memory
-    minus the model's weights (what vLLM's ``gpu_memory_utilization`` leaves for KV)."""
+    """The engine's shape at vLLM's defaults for the hardware (unless overridden). The KV cache:
+    ``kv_memory.capacity_bytes``, or "auto" = vLLM's ``gpu_memory_utilization`` of the device's
+    memory minus the model's weights (activation memory is not taken out: an assumption)."""
     hw, model = hardware_preset(spec.hardware), model_preset(spec.model)
+    defaults = vllm_defaults(spec.hardware)
     kv = spec.config.kv_memory
     if kv.capacity_bytes == "auto":
         capacity = kv.resolve_capacity_bytes(hw.memory_bytes) - model.weight_bytes
@@ -102,19 +134,70 @@ def engine_config_for(spec: SimRunSpec) -> EngineConfig:
         capacity = kv.capacity_bytes
     block_bytes = model.kv_bytes_per_token * kv.block_size_tokens
     num_blocks = capacity // block_bytes
-    if num_blocks < 1:
+    if num_blocks < 2:
         raise ConfigError(
-            f"kv_memory.capacity_bytes ({capacity}) holds no block of {block_bytes} bytes "
-            f"({kv.block_size_tokens} tokens of {model.name})"
+            f"kv_memory.capacity_bytes ({capacity}) holds fewer than 2 blocks of {block_bytes} "
+            f"bytes ({kv.block_size_tokens} tokens of {model.name})"
         )
     return EngineConfig(
-        fabric=None if spec.disagg is None else fabric_model(spec.disagg),
         num_kv_blocks=num_blocks,
         block_size_tokens=kv.block_size_tokens,
         kv_bytes_per_token=model.kv_bytes_per_token,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens or defaults.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs or defaults.max_num_seqs,
+        enable_prefix_caching=spec.enable_prefix_caching,
+        async_scheduling=spec.effective_async,
     )
+
+
+class StreamSet:
+    """Each forcing's streams of one workload, built once and shared by every policy."""
+
+    def __init__(self, requests: Sequence[RequestSpec], config: MeridianConfig) -> None:
+        self.requests = list(requests)
+        self.config = config
+        self._streams: dict[str, list[Stream]] = {}
+
+    def streams(self, forcing: Forcing) -> list[Stream]:
+        label = forcing.label
+        if label not in self._streams:
+            self._streams[label] = build_streams(self.requests, forcing, self.config)
+        return self._streams[label]
+
+    def matched_cap(self) -> int:
+        """The static cap whose think-token saving matches Meridian's forcing."""
+        forced = sum(s.num_think for s in self.streams(FORCING_MERIDIAN))
+        return matched_static_cap(self.requests, forced)
+
+    def forcing_of(self, spec: PolicySpec) -> Forcing:
+        if spec.forcing is not None:
+            return spec.forcing
+        return Forcing(ForcingKind.STATIC, self.matched_cap())
+
+
+def forcing_summaries(streams: StreamSet, static_caps: Sequence[int]) -> list[ForcingSummary]:
+    """Forcing apart from scheduling: think tokens and accuracy (model) of each forcing."""
+    forcings = [FORCING_OFF, FORCING_MERIDIAN]
+    forcings += [Forcing(ForcingKind.STATIC, cap) for cap in sorted(set(static_caps))]
+    baseline = sum(s.num_think for s in streams.streams(FORCING_OFF))
+    rows: list[ForcingSummary] = []
+    for forcing in forcings:
+        chains = [s for s in streams.streams(forcing) if s.is_reasoning]
+        total = sum(s.num_think for s in chains)
+        correct = sum(1 for s in chains if s.correct)
+        rows.append(
+            ForcingSummary(
+                forcing=forcing.label,
+                num_reasoning=len(chains),
+                think_tokens_avg=total / len(chains) if chains else None,
+                think_tokens_saved_pct=(
+                    100.0 * (baseline - total) / baseline if baseline else None
+                ),
+                num_forced=sum(1 for s in chains if s.forced is not None),
+                answer_accuracy_pct=100.0 * correct / len(chains) if chains else None,
+            )
+        )
+    return rows
 
 
 ProgressHook = Callable[[str, int], None]
@@ -122,31 +205,35 @@ ProgressHook = Callable[[str, int], None]
 
 def run_policy(
     spec: SimRunSpec,
-    policy: str,
-    requests: Sequence[RequestSpec],
+    policy: PolicySpec,
+    streams: StreamSet,
     on_progress: Callable[[int], None] | None = None,
     *,
     engine_config: EngineConfig | None = None,
     step_model: StepTimeModel | None = None,
+    engine: str | None = None,
 ) -> SimResult:
-    """Simulate one policy on ``requests``.
-
-    ``engine_config`` and ``step_model`` default to :func:`engine_config_for` and
-    :func:`step_model_for` of ``spec``; a caller running many policies resolves them once.
-    """
+    """Simulate one policy on the workload of ``streams`` (``engine`` overrides the spec's)."""
     if engine_config is None:
         engine_config = engine_config_for(spec)
     if step_model is None:
         step_model = step_model_for(spec)
     itl_ns = int(spec.slo.output_itl_s * 1e9)
-    engine = Engine(
-        engine_config,
-        step_model,
-        make_policy(policy, spec.config, itl_ns),
-        spec.config.kv_memory,
-        on_progress=on_progress,
-    )
-    return engine.run(requests)
+    chosen = streams.streams(streams.forcing_of(policy))
+    if (engine or spec.engine) == "vllm":
+        from meridian.sim.vllm_engine import VllmEngine
+
+        return VllmEngine(
+            engine_config,
+            step_model,
+            policy,
+            spec.config,
+            itl_ns,
+            on_progress=on_progress,
+        ).run(chosen)
+    sim_policy = make_sim_policy(policy, spec.config, itl_ns)
+    sync = replace(engine_config, async_scheduling=False)
+    return Engine(sync, step_model, sim_policy, on_progress=on_progress).run(chosen)
 
 
 def _bind(on_progress: ProgressHook, name: str) -> Callable[[int], None]:
@@ -169,12 +256,16 @@ def simulate(
         raise MeridianError("the workload has no requests; raise --duration-s or --arrival-rate")
     # Resolved once: a --step-time-csv is read and fitted once, not once per policy.
     engine_config, step_model = engine_config_for(spec), step_model_for(spec)
+    streams = StreamSet(requests, spec.config)
     results: dict[str, SimResult] = {}
-    for name in spec.policies:
-        hook = None if on_progress is None else _bind(on_progress, name)
-        results[name] = run_policy(
-            spec, name, requests, hook, engine_config=engine_config, step_model=step_model
+    for policy in spec.policy_specs:
+        hook = None if on_progress is None else _bind(on_progress, policy.name)
+        results[policy.name] = run_policy(
+            spec, policy, streams, hook, engine_config=engine_config, step_model=step_model
         )
+    has_reasoning = any(r.is_reasoning for r in requests)
+    static_cap = streams.matched_cap() if has_reasoning else None
+    caps = [*STATIC_CAP_SWEEP, *([static_cap] if static_cap else [])]
     report = SimReport(
         workload=Path(spec.workload).name,
         seed=spec.seed,
@@ -183,7 +274,14 @@ def simulate(
         model=spec.model,
         slo=spec.slo,
         policies=list(spec.policies),
+        engine=spec.engine,
+        async_scheduling=engine_config.async_scheduling and spec.engine == "vllm",
+        max_num_seqs=engine_config.max_num_seqs,
+        max_num_batched_tokens=engine_config.max_num_batched_tokens,
+        num_kv_blocks=engine_config.num_kv_blocks,
+        static_cap=static_cap,
         arrival_rate=arrival_rate,
         summaries={name: summarize(res, spec.slo) for name, res in results.items()},
+        forcing=forcing_summaries(streams, caps) if has_reasoning else [],
     )
     return report, results

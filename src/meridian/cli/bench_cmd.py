@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from meridian.bench.fidelity import TARGETS as FIDELITY_TARGETS
 from meridian.bench.metrics import PolicySummary, SloSpec, summarize
 from meridian.bench.plots import write_plots, write_sweep_plots
 from meridian.bench.report import (
@@ -23,18 +24,12 @@ from meridian.bench.report import (
     write_report,
     write_sweep_report,
 )
-from meridian.bench.simrun import (
-    DISAGG,
-    SimRunSpec,
-    load_requests,
-    parse_baselines,
-    simulate,
-)
+from meridian.bench.simrun import ENGINES, SimRunSpec, load_requests, simulate
 from meridian.bench.traces import write_trace
 from meridian.bench.workloads import WORKLOADS
 from meridian.config import load_config
 from meridian.errors import MeridianError
-from meridian.sim.fabric import FABRIC_MODELS
+from meridian.sim.policies import parse_policies
 from meridian.sim.presets import HARDWARE, MODELS
 from meridian.sim.records import SimResult
 from meridian.sim.request import RequestSpec
@@ -51,37 +46,26 @@ def register(commands: Any) -> None:
         "sim",
         help="simulate Meridian and the baselines on one workload (deterministic)",
         description=(
-            "Run the same workload and seed through Meridian and each baseline policy in the "
-            "discrete-event simulator; write report.json/.md, ab-report.json/.md and PNG plots. "
-            "Several --arrival-rate values make a sweep (sweep-report and load charts)."
+            "Run the same workload and seed through Meridian and each baseline policy, on vLLM's "
+            "own scheduler (--engine vllm) or the fast engine model; write report.json/.md, "
+            "ab-report.json/.md and PNG plots. Several --arrival-rate values make a sweep "
+            "(sweep-report and load charts)."
         ),
     )
     sim.add_argument(
-        "--workload",
-        default="synthetic",
-        help=f"bundled workload ({', '.join(WORKLOADS)}) or a JSONL trace (default: synthetic)",
-    )
-    sim.add_argument(
-        "--baseline",
-        default="all",
-        help="baselines to compare with: 'all' or a comma list of vllm-fcfs, vllm-priority, "
-        "static-budget, think-first (default: all)",
+        "--engine",
+        choices=ENGINES,
+        default="model",
+        help="vllm: vLLM's own scheduler on virtual time (needs the vLLM environment, "
+        ".venv-vllm); model: the fast engine model, checked against it by `bench fidelity` "
+        "(default: model)",
     )
     sim.add_argument(
         "--arrival-rate",
         default="8",
         help="requests per second; a comma list (e.g. 2,4,8,16) runs a sweep (default: 8)",
     )
-    sim.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
-    sim.add_argument("--seed", type=int, default=0, help="seed of the workload generator (0)")
-    sim.add_argument(
-        "--hardware", default="h100-sxm", choices=sorted(HARDWARE), help="hardware preset"
-    )
-    sim.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS), help="model preset")
-    sim.add_argument("--config", type=Path, help="meridian.toml (default: the usual search)")
-    sim.add_argument(
-        "--out-dir", type=Path, default=DEFAULT_OUT_DIR, help=f"output folder ({DEFAULT_OUT_DIR})"
-    )
+    _add_engine_args(sim, policies="all", out_dir=DEFAULT_OUT_DIR)
     sim.add_argument(
         "--step-time-csv",
         type=Path,
@@ -99,15 +83,12 @@ def register(commands: Any) -> None:
         default=_DEFAULT_SLO.output_itl_s * 1000,
         help="output ITL SLO on each request's answer-gap P95, in ms (50)",
     )
-    sim.add_argument("--max-num-seqs", type=int, default=256, help="engine max_num_seqs (256)")
     sim.add_argument(
-        "--max-num-batched-tokens", type=int, default=8192, help="engine token budget (8192)"
-    )
-    sim.add_argument(
-        "--disagg",
-        choices=sorted(FABRIC_MODELS),
-        help="also run meridian-disagg: ThinkComplete KV offloaded to a KV pool over this "
-        "fabric model (rdma: 50 GB/s, 10 us; tcp: 3.1 GB/s, 50 us)",
+        "--async-scheduling",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="vLLM's asynchronous scheduling; auto: on with --engine vllm (vLLM's GPU default), "
+        "off with --engine model (the fast engine models synchronous scheduling only)",
     )
     sim.add_argument("--export-trace", type=Path, help="also write the workload as a JSONL trace")
     sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -118,6 +99,24 @@ def register(commands: Any) -> None:
         "Meridian's metric catalogue",
     )
     sim.set_defaults(handler=run_sim)
+
+    fidelity = sub.add_parser(
+        "fidelity",
+        help="check the fast engine model against vLLM's own scheduler (needs .venv-vllm)",
+        description=(
+            "Run each policy on the same workload on both engines (synchronous scheduling) and "
+            "print, per policy, steps, makespan, preemptions by phase and the median and P90 of "
+            f"the per-request finish-time difference, against the targets ({FIDELITY_TARGETS}); "
+            "write fidelity.json/.md. Exit status 1 when a target is missed."
+        ),
+    )
+    fidelity.add_argument(
+        "--arrival-rate", type=float, default=24.0, help="requests per second (24)"
+    )
+    _add_engine_args(
+        fidelity, policies="vllm-fcfs,meridian", out_dir=Path("meridian-out") / "fidelity"
+    )
+    fidelity.set_defaults(handler=run_fidelity_cmd)
 
     real = sub.add_parser(
         "real",
@@ -148,6 +147,44 @@ def register(commands: Any) -> None:
     ab.add_argument("--config", type=Path, help="meridian.toml for the Meridian server")
     _add_replay_args(ab, Path("meridian-out") / "ab-real")
     ab.set_defaults(handler=run_ab_real_cmd, takes_extra=True)
+
+
+def _add_engine_args(parser: argparse.ArgumentParser, *, policies: str, out_dir: Path) -> None:
+    """The workload, engine-shape and policy arguments ``bench sim`` and ``bench fidelity``
+    share."""
+    parser.add_argument(
+        "--workload",
+        default="synthetic",
+        help=f"bundled workload ({', '.join(WORKLOADS)}) or a JSONL trace (default: synthetic)",
+    )
+    parser.add_argument(
+        "--policies",
+        default=policies,
+        help="policies to run: 'all' or a comma list of meridian, meridian-sched, vllm-fcfs, "
+        "vllm-priority, pascal (each also as NAME+forcing), static-budget[:CAP] "
+        f"(default: {policies})",
+    )
+    parser.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the workload generator (0)")
+    parser.add_argument(
+        "--hardware", default="h100-sxm", choices=sorted(HARDWARE), help="hardware preset"
+    )
+    parser.add_argument("--model", default="qwen3-8b", choices=sorted(MODELS), help="model preset")
+    parser.add_argument("--config", type=Path, help="meridian.toml (default: the usual search)")
+    parser.add_argument("--out-dir", type=Path, default=out_dir, help=f"output folder ({out_dir})")
+    parser.add_argument(
+        "--max-num-seqs", type=int, help="engine max_num_seqs (default: vLLM's for the hardware)"
+    )
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="engine token budget per step (default: vLLM's for the hardware)",
+    )
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="turn vLLM's prefix caching off (on by default)",
+    )
 
 
 def _add_replay_args(parser: argparse.ArgumentParser, out_dir: Path) -> None:
@@ -198,8 +235,9 @@ def _check_workload_args(args: argparse.Namespace) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     _check_workload_args(args)
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
-        if getattr(args, flag) < 1:
-            raise MeridianError(f"--{flag.replace('_', '-')} must be >= 1")
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise MeridianError(f"--{flag.replace('_', '-')} must be >= 1; got {value}")
 
 
 def run_real_cmd(args: argparse.Namespace) -> int:
@@ -353,13 +391,56 @@ def _write_metrics(results: dict[str, SimResult], out_dir: Path) -> list[Path]:
     return paths
 
 
+def _progress(console: Console) -> Progress:
+    """One bar per run: requests finished, and time."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("requests"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
 def _console() -> Console:
     """stderr; wide enough for the summary table when it is not a terminal (logs, CI)."""
     return Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
 
 
-def _with_disagg(policies: list[str], disagg: str | None) -> list[str]:
-    return policies if disagg is None else [policies[0], DISAGG, *policies[1:]]
+def _require_vllm(engine: str) -> None:
+    """``--engine vllm`` runs vLLM's scheduler: say how to get it when it is missing."""
+    if engine != "vllm":
+        return
+    try:
+        import vllm.v1.core.sched.scheduler  # noqa: F401
+    except ImportError:
+        raise MeridianError(
+            "--engine vllm drives vLLM's own scheduler, and vLLM is not installed in this "
+            "environment: run `make vllm-venv` once, then `.venv-vllm/bin/meridian bench sim "
+            "--engine vllm ...`"
+        ) from None
+
+
+_ASYNC = {"auto": None, "on": True, "off": False}
+
+
+def _run_spec(args: argparse.Namespace, config: Any, **fields: Any) -> SimRunSpec:
+    """The run the shared workload and engine arguments describe (``_add_engine_args``)."""
+    return SimRunSpec(
+        workload=args.workload,
+        duration_s=args.duration_s,
+        seed=args.seed,
+        hardware=args.hardware,
+        model=args.model,
+        policies=[p.name for p in parse_policies(args.policies)],
+        config=config,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=not args.no_prefix_caching,
+        **fields,
+    )
 
 
 def run_sim(args: argparse.Namespace) -> int:
@@ -372,20 +453,15 @@ def run_sim(args: argparse.Namespace) -> int:
         ttfvt_base_s=args.ttfvt_slo_base_s,
         output_itl_s=args.output_itl_slo_ms / 1000,
     )
-    spec = SimRunSpec(
-        workload=args.workload,
-        duration_s=args.duration_s,
-        seed=args.seed,
-        hardware=args.hardware,
-        model=args.model,
-        policies=_with_disagg(parse_baselines(args.baseline), args.disagg),
-        disagg=args.disagg,
-        config=config,
+    spec = _run_spec(
+        args,
+        config,
         slo=slo,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+        engine=args.engine,
+        async_scheduling=_ASYNC[args.async_scheduling],
         step_time_csv=args.step_time_csv,
     )
+    _require_vllm(spec.engine)
     console = _console()
     out: Path = args.out_dir
     started = time.perf_counter()
@@ -396,15 +472,7 @@ def run_sim(args: argparse.Namespace) -> int:
         if args.export_trace is not None and rate == rates[0]:
             write_trace(args.export_trace, requests)
             written.append(args.export_trace)
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("requests"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        ) as progress:
+        with _progress(console) as progress:
             tasks = {
                 name: progress.add_task(f"{name} @ {rate:g} req/s", total=len(requests))
                 for name in spec.policies
@@ -419,7 +487,7 @@ def run_sim(args: argparse.Namespace) -> int:
         reports.append(report)
         rate_dir = out if len(rates) == 1 else out / f"rate-{rate:g}"
         written += write_report(report, rate_dir)
-        if len(spec.policies) > 1:
+        if len(spec.policies) > 1 and "meridian" in spec.policies:
             written += write_ab_report(build_ab_report(report), rate_dir)
         if not args.no_plots:
             written += write_plots(results, rate_dir, slo)
@@ -472,15 +540,19 @@ _COLUMNS: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
     ("TTOT P95 (s)", _num("ttot_s.p95")),
     ("think tok avg", _num("think_tokens.mean")),
     ("forced %", _forced_total),
-    ("OC evict", _num("num_output_critical_evictions")),
+    ("accuracy % (model)", _num("answer_accuracy_pct")),
     ("preempt out/think", _preemptions),
+    ("worst gap (steps)", _num("worst_answer_gap_steps")),
     ("tok/s", _num("throughput_tok_s")),
     ("goodput req/s", _num("goodput_req_s")),
 )
 
 
 def _print_summary(console: Console, report: SimReport) -> None:
-    table = Table(title=f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}")
+    table = Table(
+        title=f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}, "
+        f"engine {report.engine}"
+    )
     table.add_column("policy")
     for title, _ in _COLUMNS:
         table.add_column(title, justify="right")
@@ -489,3 +561,76 @@ def _print_summary(console: Console, report: SimReport) -> None:
         cells = [name, *(cell(s) for _, cell in _COLUMNS)]
         table.add_row(*cells)
     console.print(table)
+
+
+def run_fidelity_cmd(args: argparse.Namespace) -> int:
+    """Both engines, every policy; the fidelity table, reports, and 1 when a target is missed."""
+    from meridian.bench.fidelity import FidelityReport, render_markdown
+    from meridian.bench.fidelity import compare as compare_engines
+    from meridian.bench.report import to_json
+    from meridian.bench.simrun import StreamSet, engine_config_for, run_policy, step_model_for
+
+    _check_workload_args(args)
+    _check_args(args)
+    if not args.arrival_rate > 0:
+        raise MeridianError(f"--arrival-rate must be > 0; got {args.arrival_rate}")
+    spec = _run_spec(args, load_config(args.config).config, engine="vllm", async_scheduling=False)
+    _require_vllm("vllm")
+    requests = load_requests(spec, args.arrival_rate)
+    streams = StreamSet(requests, spec.config)
+    engine_config, step_model = engine_config_for(spec), step_model_for(spec)
+    console = _console()
+    rows = []
+    with _progress(console) as progress:
+        for policy in spec.policy_specs:
+            results = {}
+            for engine in ("model", "vllm"):
+                task = progress.add_task(f"{policy.name} on {engine}", total=len(requests))
+
+                def advance(done: int, task: Any = task) -> None:
+                    progress.update(task, completed=done)
+
+                results[engine] = run_policy(
+                    spec,
+                    policy,
+                    streams,
+                    advance,
+                    engine_config=engine_config,
+                    step_model=step_model,
+                    engine=engine,
+                )
+            rows.append(compare_engines(results["model"], results["vllm"]))
+    report = FidelityReport(
+        workload=Path(args.workload).name,
+        arrival_rate=args.arrival_rate,
+        duration_s=args.duration_s,
+        seed=args.seed,
+        hardware=args.hardware,
+        model=args.model,
+        max_num_seqs=engine_config.max_num_seqs,
+        max_num_batched_tokens=engine_config.max_num_batched_tokens,
+        num_kv_blocks=engine_config.num_kv_blocks,
+        enable_prefix_caching=engine_config.enable_prefix_caching,
+        rows=rows,
+    )
+    out: Path = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fidelity.json").write_text(to_json(report), encoding="utf-8", newline="")
+    (out / "fidelity.md").write_text(render_markdown(report), encoding="utf-8", newline="")
+    _print_fidelity(console, report)
+    console.print(f"wrote fidelity.json and fidelity.md under {out}/")
+    return 0 if report.passed else 1
+
+
+def _print_fidelity(console: Console, report: Any) -> None:
+    from meridian.bench.fidelity import HEADER, table_rows
+
+    table = Table(
+        title=f"fidelity: {report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}"
+    )
+    for i, title in enumerate(HEADER):
+        table.add_column(title, justify="left" if i == 0 else "right")
+    for cells in table_rows(report.rows):
+        table.add_row(*(c.strip("`") for c in cells))
+    console.print(table)
+    console.print(f"targets: {report.targets}")

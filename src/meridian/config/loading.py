@@ -101,6 +101,18 @@ def validate_config(raw: dict[str, Any], *, source: str = "<config>") -> Meridia
 
 _VALUE_ERROR_PREFIX = "Value error, "
 
+# Fields a release removed, with what to do instead (an old file gets this, not "unknown").
+REMOVED_FIELDS: dict[str, str] = {
+    "kv_memory.think_phase_memory_fraction": (
+        "the think-memory admission gate is gone: it existed only in the simulator, and the "
+        "policy that ships is the one measured (docs/adr/0010-think-memory-gates-admission.md)"
+    ),
+    "kv_memory.aggressive_think_eviction": (
+        "freeing a request's reasoning KV at </think> is gone: the answer attends over it "
+        "(docs/adr/0011-one-policy-two-drivers.md)"
+    ),
+}
+
 
 def format_validation_error(err: ErrorDetails) -> str:
     """One pydantic error as ``dotted.path must be ...; got VALUE``.
@@ -113,6 +125,8 @@ def format_validation_error(err: ErrorDetails) -> str:
     value = err["input"]
     msg = err["msg"].removeprefix(_VALUE_ERROR_PREFIX)
     if kind == "extra_forbidden":
+        if path in REMOVED_FIELDS:
+            return f"{path} was removed; delete it from the file: {REMOVED_FIELDS[path]}"
         return f"{path}: unknown field (check the spelling against meridian.toml.example)"
     if kind == "missing":
         return f"{path}: required field is missing"

@@ -16,7 +16,8 @@ from meridian.config.boundaries import BUNDLED_MODELS, ModelDefinition
 from meridian.errors import ConfigError
 
 FabricName = Literal["nixl", "mooncake", "inprocess", "none"]
-AUTO_CAPACITY_FRACTION = 0.85
+# vLLM's gpu_memory_utilization default (vllm/config/cache.py, CacheConfig).
+AUTO_CAPACITY_FRACTION = 0.92
 U32_MAX = 2**32 - 1
 
 
@@ -51,7 +52,6 @@ _POS_V, _POS = _interval(0, None, lo_open=True, hi_open=True)
 _GE1_V, _GE1 = _interval(1, None, lo_open=False, hi_open=True)
 _GT1_V, _GT1 = _interval(1, None, lo_open=True, hi_open=True)
 _UNIT_OC_V, _UNIT_OC = _interval(0, 1, lo_open=True, hi_open=False)
-_UNIT_OO_V, _UNIT_OO = _interval(0, 1, lo_open=True, hi_open=True)
 _U64_V, _U64 = _interval(0, None, lo_open=False, hi_open=True)
 _U64P_V, _U64P = _interval(1, None, lo_open=False, hi_open=True)
 _U32P_V, _U32P = _interval(1, U32_MAX, lo_open=False, hi_open=False)
@@ -60,7 +60,6 @@ PosFloat = Annotated[float, _POS_V]
 AtLeastOneFloat = Annotated[float, _GE1_V]
 AboveOneFloat = Annotated[float, _GT1_V]
 UnitOpenClosed = Annotated[float, _UNIT_OC_V]
-UnitOpen = Annotated[float, _UNIT_OO_V]
 U64 = Annotated[int, _U64_V]
 PosU64 = Annotated[int, _U64P_V]
 PosU32 = Annotated[int, _U32P_V]
@@ -174,18 +173,15 @@ class EntropyConfig(_Section):
 
 
 class KvMemoryConfig(_Section):
-    """``[kv_memory]``: the phase-aware tiered block manager."""
+    """``[kv_memory]``: the KV cache's block shape and capacity."""
 
-    aggressive_think_eviction: bool = _field(
-        False, "Free a request's think blocks as soon as `</think>` is seen."
-    )
-    think_phase_memory_fraction: UnitOpen = _field(
-        0.40, "Cap on the share of KV capacity that think tiers may hold.", _UNIT_OO
-    )
     block_size_bytes: PosU64 = _field(16384, "Bytes of one KV block.", _U64P)
     block_size_tokens: PosU32 = _field(16, "Tokens of one KV block.", _U32P)
     capacity_bytes: CapacityBytes = _field(
-        "auto", 'KV capacity in bytes, or "auto" = 85% of the device\'s memory.', _U64P
+        "auto",
+        "KV capacity in bytes, or \"auto\": 92% of the device's memory (vLLM's "
+        "gpu_memory_utilization default); the simulator takes the model's weights out.",
+        _U64P,
     )
 
     def resolve_capacity_bytes(self, device_memory_bytes: int | None) -> int:

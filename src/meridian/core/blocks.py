@@ -1,9 +1,9 @@
 """Phase-aware tiered KV block manager.
 
-Every owned block belongs to one request and one :class:`~meridian.core.types.Tier`. Tiers are
-the eviction order: ``THINK_COMPLETE`` blocks go first, then ``THINK_ACTIVE``, and
-``OUTPUT_CRITICAL`` only when nothing else is left (each such eviction is a user-visible stall
-and is counted). A block is ``LOCAL`` (it holds one of the ``num_blocks`` device slots) or
+Every owned block belongs to one request and one :class:`~meridian.core.types.Tier`
+(``THINK_ACTIVE`` while its request thinks, ``THINK_COMPLETE`` after ``</think>``,
+``OUTPUT_CRITICAL`` for prompt and answer blocks); the tier is the MRDN wire format's and the
+offload layer's label. A block is ``LOCAL`` (it holds one of the ``num_blocks`` device slots) or
 ``OFFLOADED`` (its KV lives behind a disaggregation fabric; it stays owned but holds no slot).
 
 Block ids are logical handles, not slot indices: an offloaded block keeps its id while its slot
@@ -17,9 +17,13 @@ Layout (what ``check_integrity`` verifies)::
     _lru[tier]            -> OrderedDict request_id -> that request's LOCAL blocks of the tier
                              (the same dict object), least recently touched request first
 
-Recency is a logical counter, never wall time: ``allocate``, ``touch``, a demotion that moves
-blocks and ``ingest_block`` make a request the most recently touched one. Because every
-insertion into an LRU map is also a touch, each map stays sorted by last-touch time.
+Recency is a logical counter, never wall time: ``allocate``, a demotion that moves blocks and
+``ingest_block`` make a request the most recently touched one. Because every insertion into an
+LRU map is also a touch, each map stays sorted by last-touch time.
+
+NOTE: this manager serves the disaggregation layer (:mod:`meridian.disagg.offload`). The
+simulator models vLLM's own block pool (:mod:`meridian.sim.kvcache`) and the vLLM integration
+uses vLLM's; neither evicts blocks of a live request (its answer attends over them).
 """
 
 from __future__ import annotations
@@ -31,11 +35,10 @@ from dataclasses import dataclass
 from typing import NoReturn
 
 from meridian.config.schema import KvMemoryConfig
-from meridian.core.types import Tier, floor_fraction
+from meridian.core.types import Tier
 from meridian.errors import ConfigError, FabricNotConfigured, MeridianError
 
 _TIERS: tuple[Tier, ...] = tuple(Tier)
-_THINK_TIERS: tuple[Tier, ...] = (Tier.THINK_COMPLETE, Tier.THINK_ACTIVE)
 
 # An insertion-ordered set of block ids: ``popitem()`` removes the most recently added one.
 _BlockSet = dict[int, None]
@@ -57,17 +60,8 @@ class BlockLocation:
     residency: Residency
 
 
-@dataclass(frozen=True, slots=True)
-class EvictedBlock:
-    """A block that :meth:`TieredBlockManager.evict_for` took from its owner."""
-
-    block_id: int
-    request_id: str
-    tier: Tier
-
-
 class OutOfBlocksError(MeridianError):
-    """An allocation, ingest or eviction cannot be satisfied; nothing was changed."""
+    """An allocation or ingest cannot be satisfied; nothing was changed."""
 
 
 class BlockStateError(MeridianError):
@@ -91,22 +85,19 @@ class _RequestBlocks:
 
 
 class TieredBlockManager:
-    """Allocates KV blocks per request and tier; evicts lowest tier, least recently used first.
+    """Allocates KV blocks per request and tier, and tracks which are offloaded.
 
     Invariants (checked by :meth:`check_integrity`):
 
     - ``num_free_blocks + sum(num_blocks_in_tier(t)) == num_blocks`` (offloaded blocks hold no
       slot); capacity is never exceeded.
-    - Think tiers (``THINK_ACTIVE + THINK_COMPLETE``) hold at most ``think_block_budget`` local
-      blocks, ``floor(think_phase_memory_fraction * num_blocks)``.
-    - Nothing is evicted implicitly: ``allocate`` raises :class:`OutOfBlocksError` and the caller
-      decides between :meth:`evict_for` and preemption.
+    - Nothing is evicted implicitly: ``allocate`` raises :class:`OutOfBlocksError`.
     - Demotion is one-way: there is no API that moves a block to a higher tier.
 
     >>> mgr = TieredBlockManager(KvMemoryConfig(block_size_bytes=1024), capacity_bytes=8 * 1024)
     >>> mgr.allocate("r1", Tier.THINK_ACTIVE, 2)
     [0, 1]
-    >>> mgr.demote_think_blocks("r1"), mgr.request_tier("r1")
+    >>> mgr.demote_think_blocks("r1"), mgr.block_location(0).tier
     (2, <Tier.THINK_COMPLETE: 0>)
     """
 
@@ -118,13 +109,8 @@ class TieredBlockManager:
                 f"(kv_memory.block_size_bytes = {block_size}): no KV block fits; raise the "
                 f"capacity or lower the block size"
             )
-        self._config = config
         self._block_size_bytes = block_size
         self._num_blocks = capacity_bytes // block_size
-        self._think_block_budget = floor_fraction(
-            config.think_phase_memory_fraction, self._num_blocks
-        )
-        self._aggressive = config.aggressive_think_eviction
         self._num_free = self._num_blocks
         self._num_local_by_tier = [0, 0, 0]
         self._num_offloaded = 0
@@ -134,7 +120,6 @@ class TieredBlockManager:
         self._free_ids: list[int] = []
         self._next_id = 0
         self._clock = 0
-        self._evictions_by_tier = [0, 0, 0]
         self._fabric: object | None = None
 
     # -- sizes and counters -----------------------------------------------------------------------
@@ -165,11 +150,6 @@ class TieredBlockManager:
         return {t: self._num_local_by_tier[t] * self._block_size_bytes for t in _TIERS}
 
     @property
-    def think_block_budget(self) -> int:
-        """Most local blocks the two think tiers may hold together."""
-        return self._think_block_budget
-
-    @property
     def num_offloaded_blocks(self) -> int:
         """Owned blocks whose KV is behind the fabric."""
         return self._num_offloaded
@@ -179,16 +159,6 @@ class TieredBlockManager:
         """Requests owning at least one block (local or offloaded)."""
         return len(self._requests)
 
-    @property
-    def evictions_by_tier(self) -> dict[Tier, int]:
-        """Blocks taken by :meth:`evict_for` since construction, per tier (a copy)."""
-        return {t: self._evictions_by_tier[t] for t in _TIERS}
-
-    @property
-    def num_output_critical_evictions(self) -> int:
-        """OUTPUT_CRITICAL blocks evicted: each one is a user-visible degradation."""
-        return self._evictions_by_tier[Tier.OUTPUT_CRITICAL]
-
     def num_blocks_in_tier(self, tier: Tier) -> int:
         """Local blocks of ``tier`` (offloaded blocks hold no slot and are not counted)."""
         return self._num_local_by_tier[tier]
@@ -196,20 +166,16 @@ class TieredBlockManager:
     # -- allocation -------------------------------------------------------------------------------
 
     def can_allocate(self, num_blocks: int, tier: Tier) -> bool:
-        """True when ``num_blocks`` slots are free and, for think tiers, the think budget allows."""
+        """True when ``num_blocks`` slots are free (any tier)."""
         if num_blocks < 0:
             raise ValueError(f"num_blocks must be >= 0; got {num_blocks}")
-        if num_blocks > self._num_free:
-            return False
-        if tier is Tier.OUTPUT_CRITICAL:
-            return True
-        return self._num_think_local() + num_blocks <= self._think_block_budget
+        return num_blocks <= self._num_free
 
     def allocate(self, request_id: str, tier: Tier, num_blocks: int = 1) -> list[int]:
         """Give ``request_id`` ``num_blocks`` new local blocks of ``tier``; returns their ids.
 
         Raises :class:`OutOfBlocksError` (changing nothing) unless ``can_allocate``; it never
-        evicts. Allocating touches the request.
+        frees anything. Allocating touches the request.
         """
         if not self.can_allocate(num_blocks, tier):
             raise OutOfBlocksError(self._explain_shortage(request_id, tier, num_blocks))
@@ -249,83 +215,24 @@ class TieredBlockManager:
             num_freed += self._release_all(request_id, state, tier)
         return num_freed
 
-    # -- recency and eviction ---------------------------------------------------------------------
-
-    def touch(self, request_id: str) -> None:
-        """Make ``request_id`` the most recently used request; a no-op if it owns no block."""
-        state = self._requests.get(request_id)
-        if state is not None:
-            self._touch(request_id, state)
+    # -- recency --------------------------------------------------------------------------------
 
     def last_touched(self, request_id: str) -> int | None:
         """The logical time ``request_id`` was last touched, or None if it owns no block."""
         state = self._requests.get(request_id)
         return None if state is None else state.last_touch
 
-    def can_evict_for(self, num_blocks: int, *, max_tier: Tier = Tier.OUTPUT_CRITICAL) -> bool:
-        """True when evicting tiers up to ``max_tier`` can make ``num_blocks`` slots free."""
-        return self._num_free + self._num_local_up_to(max_tier) >= num_blocks
-
-    def evict_for(
-        self, num_blocks: int, *, max_tier: Tier = Tier.OUTPUT_CRITICAL
-    ) -> list[EvictedBlock]:
-        """Evict local blocks until ``num_free_blocks >= num_blocks``; returns what was taken.
-
-        Order: lowest tier first (never a higher tier while a lower one up to ``max_tier`` has
-        blocks), then the least recently touched request within the tier, then that request's
-        most recently allocated block of the tier first. Taking a request's *tail* first keeps
-        the rest of its KV a valid prefix: attention needs every earlier token, so losing the
-        head would make all its later blocks useless, whereas losing the tail only shortens what
-        must be recomputed. Raises :class:`OutOfBlocksError` (evicting nothing) when tiers up to
-        ``max_tier`` cannot free enough. Offloaded blocks hold no slot and are never evicted.
-        """
-        if not self.can_evict_for(num_blocks, max_tier=max_tier):
-            raise OutOfBlocksError(
-                f"cannot make {num_blocks} blocks free by evicting tiers up to {max_tier.name}: "
-                f"{self._num_free} of {self._num_blocks} are free and those tiers hold "
-                f"{self._num_local_up_to(max_tier)}; "
-                f"preempt requests or allow a higher max_tier"
-            )
-        evicted: list[EvictedBlock] = []
-        for tier in _TIERS:
-            if self._num_free >= num_blocks or tier > max_tier:
-                break
-            lru = self._lru[tier]
-            while self._num_free < num_blocks and lru:
-                request_id, blocks = next(iter(lru.items()))
-                while blocks and self._num_free < num_blocks:
-                    block_id, _ = blocks.popitem()
-                    del self._blocks[block_id]
-                    self._free_ids.append(block_id)
-                    self._num_free += 1
-                    evicted.append(EvictedBlock(block_id, request_id, tier))
-                if not blocks:
-                    del lru[request_id]
-                    self._forget_if_empty(request_id)
-        taken = [0, 0, 0]
-        for block in evicted:
-            taken[block.tier] += 1
-        for tier in _TIERS:
-            self._num_local_by_tier[tier] -= taken[tier]
-            self._evictions_by_tier[tier] += taken[tier]
-        return evicted
-
     # -- phase transitions ------------------------------------------------------------------------
 
     def demote_think_blocks(self, request_id: str) -> int:
         """At ``ExitThink``: move the request's THINK_ACTIVE blocks to THINK_COMPLETE.
 
-        One-way: nothing ever promotes a block. With ``kv_memory.aggressive_think_eviction`` the
-        request's think blocks (both think tiers, local and offloaded) are freed instead. Returns
-        the number of blocks demoted or freed; 0 for an unknown request.
+        One-way: nothing ever promotes a block; every block stays owned (the answer attends
+        over them). Returns the number of blocks demoted; 0 for an unknown request.
         """
         state = self._requests.get(request_id)
         if state is None:
             return 0
-        if self._aggressive:
-            num_freed = sum(self._release_all(request_id, state, t) for t in _THINK_TIERS)
-            self._forget_if_empty(request_id)
-            return num_freed
         active, complete = Tier.THINK_ACTIVE, Tier.THINK_COMPLETE
         num_local = len(state.local[active])
         num_offloaded = len(state.offloaded[active])
@@ -363,20 +270,8 @@ class TieredBlockManager:
         """Owner, tier and residency of an owned block; :class:`BlockStateError` if it is free."""
         location = self._blocks.get(block_id)
         if location is None:
-            raise BlockStateError(
-                f"block {block_id} is not allocated (free, evicted or never handed out)"
-            )
+            raise BlockStateError(f"block {block_id} is not allocated (free or never handed out)")
         return location
-
-    def request_tier(self, request_id: str) -> Tier | None:
-        """The highest tier among the request's blocks (local or offloaded); None if it has none."""
-        state = self._requests.get(request_id)
-        if state is None:
-            return None
-        for tier in reversed(_TIERS):
-            if state.local[tier] or state.offloaded[tier]:
-                return tier
-        return None
 
     # -- disaggregation ---------------------------------------------------------------------------
 
@@ -412,8 +307,7 @@ class TieredBlockManager:
     def ingest_block(self, block_id: int) -> None:
         """Bring an OFFLOADED block back into a free local slot; touches its request.
 
-        Needs ``can_allocate(1, tier)`` (a free slot, and think budget for think tiers), else
-        raises :class:`OutOfBlocksError`.
+        Needs a free slot, else raises :class:`OutOfBlocksError`.
         """
         self._require_fabric("ingest_block")
         location = self.block_location(block_id)
@@ -478,8 +372,6 @@ class TieredBlockManager:
             fail(f"tier counts {self._num_local_by_tier} != recount {num_local}")
         if self._num_free + sum(num_local) != self._num_blocks or self._num_free < 0:
             fail(f"{self._num_free} free + {sum(num_local)} used != {self._num_blocks} blocks")
-        if self._num_think_local() > self._think_block_budget:
-            fail(f"think tiers hold {self._num_think_local()} > {self._think_block_budget}")
         for tier in _TIERS:
             touches = [self._requests[r].last_touch for r in self._lru[tier]]
             if any(a >= b for a, b in itertools.pairwise(touches)):
@@ -488,16 +380,6 @@ class TieredBlockManager:
                 fail(f"{tier.name} LRU map holds untracked requests")
 
     # -- internals --------------------------------------------------------------------------------
-
-    def _num_think_local(self) -> int:
-        return (
-            self._num_local_by_tier[Tier.THINK_ACTIVE]
-            + self._num_local_by_tier[Tier.THINK_COMPLETE]
-        )
-
-    def _num_local_up_to(self, max_tier: Tier) -> int:
-        """Local blocks of every tier up to ``max_tier``: what eviction may reclaim."""
-        return sum(self._num_local_by_tier[: max_tier + 1])
 
     def _new_request(self, request_id: str) -> _RequestBlocks:
         state = _RequestBlocks(0, ({}, {}, {}), ({}, {}, {}))
@@ -526,11 +408,6 @@ class TieredBlockManager:
         self._num_offloaded -= num_offloaded
         return num_local + num_offloaded
 
-    def _forget_if_empty(self, request_id: str) -> None:
-        state = self._requests.get(request_id)
-        if state is not None and state.num_blocks() == 0:
-            del self._requests[request_id]
-
     def _require_fabric(self, operation: str) -> None:
         if self._fabric is None:
             raise FabricNotConfigured(
@@ -539,14 +416,7 @@ class TieredBlockManager:
             )
 
     def _explain_shortage(self, request_id: str, tier: Tier, num_blocks: int) -> str:
-        message = (
+        return (
             f"cannot allocate {num_blocks} {tier.name} blocks for request {request_id!r}: "
-            f"{self._num_free} of {self._num_blocks} blocks are free"
+            f"{self._num_free} of {self._num_blocks} blocks are free; free or preempt first"
         )
-        if tier is not Tier.OUTPUT_CRITICAL:
-            message += (
-                f", think tiers hold {self._num_think_local()} of their "
-                f"{self._think_block_budget}-block budget (kv_memory.think_phase_memory_fraction"
-                f" = {self._config.think_phase_memory_fraction})"
-            )
-        return message + "; evict (evict_for) or preempt first"

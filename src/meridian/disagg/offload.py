@@ -375,8 +375,7 @@ class OffloadManager:
     # -- ingest -----------------------------------------------------------------------------------
 
     def can_ingest(self, request_id: str) -> bool:
-        """True when local slots (and think budget) exist for all of the request's offloaded
-        blocks."""
+        """True when local slots exist for all of the request's offloaded blocks."""
         return self._fits_locally(self._offloaded_blocks(request_id))
 
     def ingest_request(self, request_id: str) -> IngestResult:
@@ -391,9 +390,8 @@ class OffloadManager:
         if not self._fits_locally(offloaded):
             raise OutOfBlocksError(
                 f"cannot ingest request {request_id!r}: its offloaded blocks need "
-                f"{len(offloaded)} free local slots (within the think "
-                f"budget for think tiers) and {self._blocks.num_free_blocks} are free; evict or "
-                f"preempt first"
+                f"{len(offloaded)} free local slots and {self._blocks.num_free_blocks} are free; "
+                "free or preempt first"
             )
         ingested: list[int] = []
         fallback: list[int] = []
@@ -618,11 +616,8 @@ class OffloadManager:
         return [(b, loc) for b, loc in located if loc.residency is Residency.OFFLOADED]
 
     def _fits_locally(self, offloaded: list[tuple[int, BlockLocation]]) -> bool:
-        """Local slots (and think budget) exist for all of ``offloaded``."""
-        num_think = sum(1 for _, loc in offloaded if loc.tier is not Tier.OUTPUT_CRITICAL)
-        return self._blocks.can_allocate(len(offloaded), Tier.OUTPUT_CRITICAL) and (
-            num_think == 0 or self._blocks.can_allocate(num_think, Tier.THINK_COMPLETE)
-        )
+        """Local slots exist for all of ``offloaded``."""
+        return self._blocks.can_allocate(len(offloaded), Tier.OUTPUT_CRITICAL)
 
     def _ingest_block(self, block_id: int, location: BlockLocation) -> bool:
         """Restore one block; False (nothing written, still offloaded) when it cannot."""

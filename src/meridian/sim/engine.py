@@ -1,26 +1,30 @@
-"""A discrete-event model of a vLLM-V1-like engine: continuous batching over one KV cache.
+"""The fast engine model: vLLM v1's scheduling loop re-told in a few hundred lines.
 
+``meridian bench sim --engine model`` runs this; ``--engine vllm`` runs vLLM's own scheduler
+(:mod:`meridian.sim.vllm_engine`), and ``meridian bench fidelity`` checks that the two agree.
 Time is integer nanoseconds of simulated time; the loop is a ``heapq`` of ``(time, priority,
-seq)`` events (arrivals, step ends), so ties break deterministically. Nothing here reads a wall
-clock or sleeps; the cost of a step comes from a :class:`~meridian.sim.steptime.StepTimeModel`.
+seq)`` events (arrivals, step ends), so ties break deterministically. Nothing reads a wall clock;
+the cost of a step comes from a :class:`~meridian.sim.steptime.StepTimeModel`.
 
-One step, as vLLM's ``Scheduler.schedule()`` does it:
+One step, as vLLM 0.32's ``Scheduler.schedule()`` does it (defaults: chunked prefill, prefix
+caching, ``scheduler_reserve_full_isl``, no watermark, no long-prefill threshold):
 
-1. The policy orders the running requests (and may defer some for a step).
-2. Each running request in that order gets its next tokens: the rest of its prompt (or of its
-   recompute after a preemption) in chunks up to the step's token budget, else one decode token.
-   Its KV blocks are allocated first; when the cache is full the policy picks a victim, which is
-   preempted by recompute (its KV is freed; it goes back to the front of the waiting queue and
-   prefills prompt + generated tokens again when it resumes).
-3. Waiting requests are admitted while sequences, tokens and free blocks allow (not in a step
-   that preempted, as in vLLM).
-4. At the step's end every row whose context is fully computed samples one token. The token
-   stream (``<think>`` ... ``</think>`` answer) goes through the core
-   :class:`~meridian.core.router.PhaseRouter`; think tokens feed the policy's entropy probe and
-   budget policy, which may force ``</think>`` early.
+1. The policy plans the running list: its order (served from the front) and the requests to
+   skip this step (vLLM's ``next_decode_eligible_step``). Stock vLLM keeps admission order.
+2. Running requests, in that order, get their next tokens (the rest of a prefill or recompute,
+   in chunks up to the step's token budget, else one decode token). When their KV blocks cannot
+   be allocated, the engine preempts by recompute: FCFS takes the last running request, the
+   priority policy the lowest-priority latest arrival. A request that had to preempt itself ends
+   the running pass.
+3. Only in a step without preemptions, waiting requests are admitted (head first; the priority
+   policy by (priority, arrival)) while sequences, tokens and blocks allow: a request first takes
+   back its leading blocks still in the prefix cache, and its whole sequence must fit.
+4. At the step's end every row whose context is fully computed samples its stream's next token;
+   a request that generated its last token finishes and frees its blocks.
 
-The engine is policy-agnostic: the same loop, KV cache (the core
-:class:`~meridian.core.blocks.TieredBlockManager`) and step-time model serve every policy.
+KV physics: a running request holds the KV of every token it has computed, and every step reads
+all of it (attention over the prompt and the whole reasoning); a preempted request's blocks are
+freed (their content may survive in the prefix cache until reused).
 """
 
 from __future__ import annotations
@@ -31,34 +35,18 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from meridian.config.schema import KvMemoryConfig
-from meridian.core.blocks import TieredBlockManager
-from meridian.core.budget import ForceDecision
-from meridian.core.router import PhaseRouter, ReasoningModel
-from meridian.core.types import ExitThink, Phase, PhaseEvent, Tier, tier_for_phase
+from meridian.core.policy import Plan
 from meridian.errors import MeridianError
-from meridian.sim.fabric import FabricModel
+from meridian.sim.kvcache import PrefixCachingBlockPool
 from meridian.sim.records import RunCounters, SimResult, TimeSample
-from meridian.sim.request import RequestSpec
-from meridian.sim.state import (
-    NO_THINK_ID,
-    THINK_END_ID,
-    THINK_START_ID,
-    THINK_TOKEN_ID,
-    RequestStatus,
-    SimRequest,
-)
+from meridian.sim.state import RequestStatus, SimRequest
 from meridian.sim.steptime import BatchShape, StepTimeModel
+from meridian.sim.streams import Stream
 
-SIM_MODEL = ReasoningModel(
-    think_start=(THINK_START_ID,), think_end=(THINK_END_ID,), no_think=(NO_THINK_ID,)
-)
-# Reasoning prompts end with the template's <think>; chat prompts carry /no_think.
-_REASONING_PROMPT_TAIL = (THINK_START_ID,)
-_CHAT_PROMPT_TAIL = (NO_THINK_ID,)
+ENGINE_NAME = "model"
 
-# Event priorities at the same instant: arrivals, finished offloads, then the step's end.
-_ARRIVAL, _OFFLOADED, _STEP_END = 0, 1, 2
+# Event priorities at the same instant: arrivals before the step's end.
+_ARRIVAL, _STEP_END = 0, 1
 
 
 class SimulationError(MeridianError):
@@ -67,14 +55,17 @@ class SimulationError(MeridianError):
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """The engine's shape (vLLM's ``max_num_batched_tokens``, ``max_num_seqs``, KV cache)."""
+    """The engine's shape: vLLM's ``max_num_batched_tokens``, ``max_num_seqs``, KV cache and
+    block size, and whether prefix caching is on (vLLM's default) and scheduling asynchronous
+    (the vLLM engine honours it; the fast engine models the synchronous loop)."""
 
     num_kv_blocks: int
     block_size_tokens: int = 16
     kv_bytes_per_token: int = 2
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
-    fabric: FabricModel | None = None
+    enable_prefix_caching: bool = True
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -85,414 +76,335 @@ class EngineConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1; got {getattr(self, name)}")
+        if self.num_kv_blocks < 2:
+            raise ValueError(f"engine.num_kv_blocks must be >= 2; got {self.num_kv_blocks}")
 
 
 class SimPolicy:
-    """What a scheduling policy decides; the engine does everything else.
+    """What a scheduling policy decides in the fast engine; the engine does everything else.
 
-    Subclasses override the hooks they need; the defaults are vLLM's FCFS behaviour.
+    The defaults are stock vLLM FCFS. ``uses_priority`` switches the waiting queue and the
+    victim to vLLM's priority policy. A policy that plans gets every event of a request's life.
     """
 
     name = "base"
+    uses_priority = False
+    #: Answer tokens reach the user through a token pacer at this interval (``None``: no pacer).
+    delivery_pace_ns: int | None = None
 
     def setup(self, engine: Engine) -> None:
         """Called once before the run."""
 
-    def think_block_fraction(self) -> float | None:
-        """Cap on the share of KV blocks think tiers may hold (``None``: no cap)."""
+    def on_arrival(self, req: SimRequest) -> None:
+        """``req`` arrived (it is queued for admission)."""
+
+    def plan(
+        self, running: list[SimRequest], step: int, num_free_blocks: int
+    ) -> Plan[SimRequest] | None:
+        """The plan of step ``step``; ``None`` keeps the running order and skips nobody."""
         return None
 
-    def order(
-        self, running: list[SimRequest], step: int, now_ns: int
-    ) -> tuple[list[SimRequest], list[SimRequest]]:
-        """Requests to schedule this step in order, and those deferred (kept, not scheduled)."""
-        return running, []
+    def on_step(self, num_rows: int, num_tokens: int) -> None:
+        """The planned step was scheduled with this shape."""
 
-    def pick_victim(
-        self, candidates: list[SimRequest], needed_blocks: int, step: int
-    ) -> SimRequest | None:
-        """The request to preempt; ``candidates`` are in running-list order, the requester first.
+    def on_idle(self) -> None:
+        """The engine has nothing to run until the next arrival."""
 
-        ``None`` means: do not preempt, leave the requester unscheduled this step.
-        """
-        return candidates[-1]
+    def on_tokens(self, batch: list[tuple[str, list[int]]], step: int) -> None:
+        """The tokens each row generated in step ``step``."""
 
-    def next_waiting(self, waiting: deque[SimRequest]) -> SimRequest | None:
-        """The waiting request to admit next (FCFS: the head); ``None``: admit nothing now."""
-        return waiting[0]
+    def on_preempt(self, req: SimRequest) -> None:
+        """``req`` is being preempted (its KV is about to be freed)."""
 
-    def on_admit(self, req: SimRequest, step: int) -> None:
-        """``req`` joined the running set."""
+    def on_finish(self, req: SimRequest) -> None:
+        """``req`` generated its last token and left the engine."""
 
-    def on_leave(self, req: SimRequest) -> None:
-        """``req`` left the running set (finished or preempted)."""
 
-    def on_events(self, req: SimRequest, events: Sequence[PhaseEvent]) -> None:
-        """Phase events of ``req`` from its latest token."""
-
-    def after_think_token(self, req: SimRequest) -> None:
-        """``req`` generated a think token; a budget policy may call ``engine.force``."""
-
-    def offloads_think_kv(self) -> bool:
-        """Offload ThinkComplete blocks to the KV pool at ExitThink (needs a fabric)."""
-        return False
+def _priority_key(req: SimRequest) -> tuple[int, int, str]:
+    return (req.priority, req.stream.spec.arrival_ns, req.request_id)
 
 
 class Engine:
-    """Runs one policy over one workload; :meth:`run` returns a :class:`SimResult`."""
+    """Runs one policy over one set of streams; :meth:`run` returns a :class:`SimResult`."""
 
     def __init__(
         self,
         config: EngineConfig,
         step_model: StepTimeModel,
         policy: SimPolicy,
-        kv_config: KvMemoryConfig | None = None,
         *,
-        sample_every_steps: int = 1,
+        sample_every_steps: int = 4,
         on_progress: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
         self.step_model = step_model
         self.policy = policy
-        self.router = PhaseRouter(clock=lambda: 0.0)
-        kv = kv_config or KvMemoryConfig()
-        fraction = policy.think_block_fraction()
-        block_bytes = config.block_size_tokens * config.kv_bytes_per_token
-        # Baselines know no tiers: a cap of 1.0 (not a valid user setting) means "no cap".
-        kv = KvMemoryConfig.model_construct(
-            **{
-                **kv.model_dump(),
-                "block_size_bytes": block_bytes,
-                "block_size_tokens": config.block_size_tokens,
-                "think_phase_memory_fraction": 1.0 if fraction is None else fraction,
-            }
-        )
-        self.kv = TieredBlockManager(kv, capacity_bytes=config.num_kv_blocks * block_bytes)
+        self.pool = PrefixCachingBlockPool(config.num_kv_blocks, config.block_size_tokens)
         self.counters = RunCounters()
         self.step = 0
         self.now_ns = 0
         self.running: list[SimRequest] = []
         self.waiting: deque[SimRequest] = deque()
+        self._waiting_heap: list[tuple[tuple[int, int, str], SimRequest]] = []
         self.samples: list[TimeSample] = []
         self._sample_every = max(1, sample_every_steps)
         self._on_progress = on_progress
         self._num_finished = 0
-        self._last_batch = (0, 0)
         self._heap: list[tuple[int, int, int, SimRequest | None]] = []
-        # The rows of the step in flight, with their token counts (set by _start_step).
-        self._scheduled: list[tuple[SimRequest, int]] = []
         self._seq = itertools.count()
-        self._ingest_ns = 0
-
-    # -- public helpers for policies -------------------------------------------------------------
-
-    def force(self, req: SimRequest, decision: ForceDecision) -> None:
-        """End ``req``'s think phase now: its next token is ``</think>``."""
-        if req.think_target <= req.num_think or req.record.forced_reason is not None:
-            return
-        self.router.mark_forced(req.rid, decision.reason)
-        req.think_target = req.num_think
-        req.record.forced_reason = decision.reason
+        # The rows of the step in flight, with their token counts.
+        self._scheduled: list[tuple[SimRequest, int]] = []
 
     # -- the run ------------------------------------------------------------------------------
 
-    def run(self, specs: Sequence[RequestSpec]) -> SimResult:
-        """Serve every request of ``specs`` to completion."""
+    def run(self, streams: Sequence[Stream]) -> SimResult:
+        """Serve every stream to completion."""
         self.policy.setup(self)
-        if self.policy.offloads_think_kv():
-            if self.config.fabric is None:
-                raise SimulationError(f"policy {self.policy.name} offloads KV but has no fabric")
-            self.kv.attach_fabric(self.config.fabric)
         heap = self._heap
-        seq = self._seq
+        capacity = self.pool.num_usable_blocks * self.config.block_size_tokens
         requests: list[SimRequest] = []
-        max_tokens = self.config.num_kv_blocks * self.config.block_size_tokens
-        for spec in specs:
-            need = spec.num_prompt_tokens + spec.num_think_tokens + spec.num_answer_tokens + 1
-            if need > max_tokens:
+        for stream in streams:
+            need = stream.spec.num_prompt_tokens + stream.num_output_tokens
+            if need > capacity:
                 raise SimulationError(
-                    f"request {spec.request_id} needs {need} tokens of KV but the whole cache "
-                    f"holds {max_tokens}; use a larger cache or shorter requests"
+                    f"request {stream.request_id} needs {need} tokens of KV but the whole cache "
+                    f"holds {capacity}; use a larger cache or shorter requests"
                 )
-            req = SimRequest.from_spec(spec)
+            req = SimRequest.from_stream(stream)
             requests.append(req)
-            heapq.heappush(heap, (spec.arrival_ns, _ARRIVAL, next(seq), req))
+            heapq.heappush(heap, (stream.spec.arrival_ns, _ARRIVAL, next(self._seq), req))
         busy = False
         while heap:
             time_ns, kind, _, payload = heapq.heappop(heap)
             self.now_ns = time_ns
             if kind == _ARRIVAL:
                 assert payload is not None
-                self._arrive(payload)
-            elif kind == _OFFLOADED:
-                assert payload is not None
-                self._offloaded(payload)
+                self._enqueue(payload)
+                self.policy.on_arrival(payload)
             else:
                 self._finish_step()
                 busy = False
-            if not busy and (self.running or self.waiting):
-                # Arrivals at this same instant are queued before the step starts (priority 0).
-                if heap and heap[0][0] == time_ns and heap[0][1] != _STEP_END:
+            if not busy and (self.running or self._num_waiting()):
+                # Arrivals at this same instant are queued before the step starts.
+                if heap and heap[0][0] == time_ns and heap[0][1] == _ARRIVAL:
                     continue
                 duration = self._start_step()
-                heapq.heappush(heap, (time_ns + duration, _STEP_END, next(seq), None))
+                heapq.heappush(heap, (time_ns + duration, _STEP_END, next(self._seq), None))
                 busy = True
-        self.kv.check_integrity()
-        if self.router.tracked_requests or self.running or self.waiting:
-            raise SimulationError("run ended with requests still tracked; this is a bug")
-        return SimResult(
+            elif not busy:
+                self.policy.on_idle()
+        self.pool.check_integrity()
+        if self.running or self._num_waiting():
+            raise SimulationError("run ended with requests still queued; this is a bug")
+        return SimResult.of_run(
             policy=self.policy.name,
-            num_kv_blocks=self.kv.num_blocks,
+            engine=ENGINE_NAME,
+            num_kv_blocks=self.config.num_kv_blocks,
             records=[r.record for r in requests],
             samples=self.samples,
             counters=self.counters,
-            end_ns=self.now_ns,
+            now_ns=self.now_ns,
+            delivery_pace_ns=self.policy.delivery_pace_ns,
         )
 
-    def _arrive(self, req: SimRequest) -> None:
-        tail = _REASONING_PROMPT_TAIL if req.spec.is_reasoning else _CHAT_PROMPT_TAIL
-        self.router.start(req.rid, SIM_MODEL, tail)
-        req.phase = self.router.phase(req.rid)
-        self.waiting.append(req)
+    # -- queues -------------------------------------------------------------------------------
+
+    def _num_waiting(self) -> int:
+        return len(self._waiting_heap) if self.policy.uses_priority else len(self.waiting)
+
+    def _enqueue(self, req: SimRequest, *, front: bool = False) -> None:
+        if self.policy.uses_priority:
+            heapq.heappush(self._waiting_heap, (_priority_key(req), req))
+        elif front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+
+    def _peek_waiting(self) -> SimRequest:
+        return self._waiting_heap[0][1] if self.policy.uses_priority else self.waiting[0]
+
+    def _pop_waiting(self) -> None:
+        if self.policy.uses_priority:
+            heapq.heappop(self._waiting_heap)
+        else:
+            self.waiting.popleft()
 
     # -- one step -----------------------------------------------------------------------------
 
     def _start_step(self) -> int:
-        cfg = self.config
-        order, deferred = self.policy.order(self.running, self.step, self.now_ns)
-        queue = list(order)
+        cfg, pool, step = self.config, self.pool, self.step
+        plan = self.policy.plan(self.running, step, pool.num_free_blocks)
+        skip: set[str] = set()
+        if plan is not None:
+            if plan.order is not self.running:
+                self.running[:] = plan.order
+            skip = {r.request_id for r in plan.skip}
+        running = self.running
         budget = cfg.max_num_batched_tokens
+        block_size = cfg.block_size_tokens
         scheduled: list[tuple[SimRequest, int]] = []
         preempted = False
-        victims_left = list(deferred)
         i = 0
-        while i < len(queue) and budget > 0:
-            req = queue[i]
-            n = min(req.num_tokens - req.num_computed, budget)
-            need = req.blocks_needed(req.num_computed + n, cfg.block_size_tokens)
-            tier = tier_for_phase(req.phase)
-            granted = True
-            while not self.kv.can_allocate(need, tier):
-                victim = self.policy.pick_victim(queue[i:] + victims_left, need, self.step)
-                if victim is None:
-                    granted = False
-                    break
-                self._preempt(victim)
+        while i < len(running) and budget > 0:
+            req = running[i]
+            if req.request_id in skip:
+                i += 1
+                continue
+            computed = req.num_computed_tokens
+            n = min(req.num_tokens - computed, budget)
+            # A running request holds ceil(computed / block_size) blocks (what it computed).
+            need = -(-(computed + n) // block_size) - -(-computed // block_size)
+            while need and need > pool.num_free_blocks:
+                victim = self._victim()
+                budget += self._preempt(victim, scheduled)
                 preempted = True
                 if victim is req:
                     break
-                if victim in victims_left:
-                    victims_left.remove(victim)
-                else:
-                    queue.remove(victim)
-            if req.status is not RequestStatus.RUNNING:  # it was its own victim
-                queue.pop(i)
-                continue
-            if not granted:
-                i += 1
-                continue
-            if need:
-                self.kv.allocate(req.rid, tier, need)
-                req.num_blocks += need
+            if req.status is not RequestStatus.RUNNING:
+                break  # it had to preempt itself: vLLM ends the running pass here
+            if need > 0:
+                pool.allocate(req.request_id, need)
             scheduled.append((req, n))
             budget -= n
-            i += 1
+            # The priority policy's victim may precede req in the list (vLLM adjusts its index).
+            i = running.index(req) + 1 if self.policy.uses_priority else i + 1
         if not preempted:
             budget = self._admit(scheduled, budget)
         if not scheduled:
             raise SimulationError(
-                f"step {self.step}: nothing could be scheduled ({len(self.running)} running, "
-                f"{len(self.waiting)} waiting, {self.kv.num_free_blocks} free blocks)"
+                f"step {step}: nothing could be scheduled ({len(self.running)} running, "
+                f"{self._num_waiting()} waiting, {pool.num_free_blocks} free blocks)"
             )
         self._scheduled = scheduled
-        self.counters.num_scheduled_rows += len(scheduled)
-        num_prefill = num_decode = kv_read = 0
+        num_prefill = num_decode = kv_read = num_tokens = 0
         for req, n in scheduled:
-            req.last_scheduled_step = self.step
-            kv_read += req.num_computed + n - req.num_offloaded_blocks * cfg.block_size_tokens
-            if n == 1 and req.num_computed == req.num_tokens - 1 and req.num_generated:
+            kv_read += req.num_computed_tokens + n
+            num_tokens += n
+            # One token for a request whose prompt is computed: a decode row (the last token of
+            # a recompute costs the same), as the vLLM engine classifies it.
+            if n == 1 and req.num_computed_tokens >= req.num_prompt_tokens:
                 num_decode += 1
             else:
                 num_prefill += n
+        self.policy.on_step(len(scheduled), num_tokens)
+        counters = self.counters
+        counters.num_scheduled_rows += len(scheduled)
+        counters.num_scheduled_tokens += num_tokens
         shape = BatchShape(num_prefill, num_decode, kv_read, len(scheduled))
-        ingest_ns, self._ingest_ns = self._ingest_ns, 0
-        return max(1, self.step_model.step_time_ns(shape) + ingest_ns)
+        return max(1, self.step_model.step_time_ns(shape))
+
+    def _victim(self) -> SimRequest:
+        """vLLM's preemption victim: ``running[-1]`` (FCFS) or the lowest priority, latest."""
+        if self.policy.uses_priority:
+            return max(self.running, key=_priority_key)
+        return self.running[-1]
 
     def _admit(self, scheduled: list[tuple[SimRequest, int]], budget: int) -> int:
-        cfg = self.config
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            req = self.policy.next_waiting(self.waiting)
-            if req is None:
+        cfg, pool = self.config, self.pool
+        while self._num_waiting() and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self._peek_waiting()
+            num_tokens = req.num_tokens
+            hit = 0
+            if cfg.enable_prefix_caching:
+                hit = pool.num_cached_prefix_tokens(req.request_id, num_tokens)
+            n = min(num_tokens - hit, budget)
+            # scheduler_reserve_full_isl: the whole sequence so far must fit, cached blocks too.
+            if pool.blocks_for(num_tokens) > pool.num_free_blocks:
                 break
-            n = min(req.num_tokens - req.num_computed, budget)
-            need = req.blocks_needed(req.num_computed + n, cfg.block_size_tokens)
-            tier = tier_for_phase(req.phase)
-            if not self.kv.can_allocate(need, tier):
-                break
-            self.waiting.remove(req)
-            self.kv.allocate(req.rid, tier, need)
-            req.num_blocks = need
+            self._pop_waiting()
+            pool.take_cached_prefix(req.request_id, hit)
+            pool.allocate(req.request_id, pool.blocks_for(hit + n) - pool.num_held(req.request_id))
+            req.num_computed_tokens = hit
             req.status = RequestStatus.RUNNING
-            if req.record.preemptions_by_phase:
-                req.readmitted_step = self.step
-            if req.num_offloaded_blocks:
-                fabric = self.config.fabric
-                assert fabric is not None
-                self._ingest_ns += fabric.transfer_ns(
-                    req.num_offloaded_blocks * cfg.block_size_tokens * cfg.kv_bytes_per_token
-                )
-                self.counters.num_ingested_blocks += req.num_offloaded_blocks
             self.running.append(req)
-            self.policy.on_admit(req, self.step)
             scheduled.append((req, n))
             budget -= n
         return budget
 
-    def _preempt(self, req: SimRequest) -> None:
-        rid = req.rid
-        if req.phase is Phase.OUTPUT:
-            self.counters.num_output_critical_evictions += sum(
-                1
-                for b in self.kv.blocks_for_request(rid)
-                if self.kv.block_location(b).tier is Tier.OUTPUT_CRITICAL
-            )
-        self.kv.free(rid)
+    def _preempt(self, req: SimRequest, scheduled: list[tuple[SimRequest, int]]) -> int:
+        """Preempt ``req`` by recompute; returns the token budget it gives back (the priority
+        policy may take a request already scheduled this step)."""
         phase = req.phase
-        c = self.counters.preemptions_by_phase
-        c[phase] = c.get(phase, 0) + 1
-        r = req.record.preemptions_by_phase
-        r[phase] = r.get(phase, 0) + 1
-        pooled = req.num_offloaded_blocks * self.config.block_size_tokens
-        recompute = req.num_computed - pooled
-        self.counters.num_recomputed_tokens += recompute
-        req.record.num_recomputed_tokens += recompute
-        # NOTE: offloaded (ThinkComplete) blocks stay in the pool: on resume the engine pulls
-        # them back (their transfer time is added to the step that re-admits the request) and
-        # starts computing after them instead of recomputing them.
-        req.num_computed = pooled
-        req.num_blocks = 0
+        self.counters.on_preempt(phase)
+        req.record.on_preempt(phase)
+        self.policy.on_preempt(req)
+        self.pool.free(req.request_id)
+        restored = 0
+        for k, (r, n) in enumerate(scheduled):
+            if r is req:
+                del scheduled[k]
+                restored = n
+                break
+        req.num_computed_tokens = 0
         req.status = RequestStatus.WAITING
         self.running.remove(req)
-        self.policy.on_leave(req)
-        self.waiting.appendleft(req)
+        self._enqueue(req, front=True)
+        return restored
 
     def _finish_step(self) -> None:
-        now, step = self.now_ns, self.step
-        sampled: list[SimRequest] = []
-        token_ids: list[list[int]] = []
+        now, step, pool = self.now_ns, self.step, self.pool
+        caching = self.config.enable_prefix_caching
+        block_size = self.config.block_size_tokens
+        batch: list[tuple[str, list[int]]] = []
+        done: list[SimRequest] = []
+        running = RequestStatus.RUNNING
         for req, n in self._scheduled:
-            if req.status is not RequestStatus.RUNNING:
+            if req.status is not running:
                 continue
-            req.num_computed += n
-            if req.num_computed == req.num_tokens:
-                sampled.append(req)
-                token_ids.append([req.next_token_id()])
-        events = self.router.observe_many([r.rid for r in sampled], token_ids)
-        batch_output = batch_think = 0
-        for req, evs in zip(sampled, events, strict=True):
-            self._emit(req, now, step, evs)
-            if req.phase is Phase.THINK:
-                batch_think += 1
-            else:
-                batch_output += 1
+            computed = req.num_computed_tokens + n
+            req.num_computed_tokens = computed
+            req.num_scheduled_tokens += n
+            if caching and computed % block_size < n:  # this step filled a block
+                pool.cache(req.request_id, computed)
+            stream = req.stream
+            num_output = req.num_output_tokens
+            if computed == stream.spec.num_prompt_tokens + num_output:
+                token = stream.token_at(num_output)
+                req.num_output_tokens = num_output + 1
+                req.record.on_token(token, now, step)
+                batch.append((req.request_id, [token]))
+                if num_output + 1 == stream.num_output_tokens:
+                    done.append(req)
+        self._scheduled = []
+        if batch:
+            self.policy.on_tokens(batch, step)
+        for req in done:
+            self._complete(req)
         self.counters.num_steps += 1
-        self._last_batch = (batch_output, batch_think)
         if step % self._sample_every == 0:
             self._sample()
         self.step += 1
         if self._on_progress is not None:
             self._on_progress(self._num_finished)
 
-    def _emit(self, req: SimRequest, now: int, step: int, events: Sequence[PhaseEvent]) -> None:
-        rec = req.record
-        if rec.first_token_ns is None:
-            rec.first_token_ns = now
-        token = req.last_token_id
-        if token == THINK_TOKEN_ID:
-            req.num_think += 1
-            self.policy.after_think_token(req)
-        elif token == THINK_END_ID:
-            rec.think_end_ns = now
-            rec.num_think_tokens = req.num_think
-        else:
-            req.num_answer += 1
-            if rec.first_answer_ns is None:
-                rec.first_answer_ns = now
-            rec.answer_token_ns.append(now)
-            rec.answer_token_step.append(step)
-        if events:
-            for ev in events:
-                if isinstance(ev, ExitThink):
-                    self.kv.demote_think_blocks(req.rid)
-                    if self.policy.offloads_think_kv():
-                        self._start_offload(req)
-            req.phase = self.router.phase(req.rid)
-            self.policy.on_events(req, events)
-        if req.num_answer == req.spec.num_answer_tokens:
-            self._complete(req)
-
-    def _start_offload(self, req: SimRequest) -> None:
-        """Push the request's ThinkComplete blocks to the pool; slots free when it lands."""
-        fabric = self.config.fabric
-        assert fabric is not None
-        cfg = self.config
-        blocks = [
-            b
-            for b in self.kv.blocks_for_request(req.rid)
-            if self.kv.block_location(b).tier is Tier.THINK_COMPLETE
-        ]
-        # Only full blocks travel: the last, partly filled block stays local (answer tokens
-        # continue into it), so offloaded blocks always hold exactly block_size tokens each.
-        blocks = blocks[: req.num_computed // cfg.block_size_tokens - req.num_offloaded_blocks]
-        if not blocks:
-            return
-        req.offload_pending = tuple(blocks)
-        req.offload_epoch = sum(req.record.preemptions_by_phase.values())
-        nbytes = len(blocks) * cfg.block_size_tokens * cfg.kv_bytes_per_token
-        done = self.now_ns + fabric.transfer_ns(nbytes)
-        heapq.heappush(self._heap, (done, _OFFLOADED, next(self._seq), req))
-
-    def _offloaded(self, req: SimRequest) -> None:
-        """The pool acknowledged ``req``'s blocks: free their local slots (if still local)."""
-        blocks, req.offload_pending = req.offload_pending, ()
-        epoch = sum(req.record.preemptions_by_phase.values())
-        if req.status is not RequestStatus.RUNNING or epoch != req.offload_epoch:
-            return  # preempted or finished meanwhile: those blocks were already released
-        for block in blocks:
-            self.kv.offload_block(block)
-        req.num_blocks -= len(blocks)
-        req.num_offloaded_blocks += len(blocks)
-        self.counters.num_offloaded_blocks += len(blocks)
-
     def _complete(self, req: SimRequest) -> None:
-        rec = req.record
-        rec.finish_ns = self.now_ns
-        rec.num_answer_tokens = req.num_answer
-        rec.num_think_tokens = req.num_think
-        self.kv.free(req.rid)
-        self.router.finish(req.rid)
+        record = req.record
+        record.finish_ns = self.now_ns
+        recomputed = req.num_scheduled_tokens - (req.num_tokens - 1)
+        record.num_recomputed_tokens = recomputed
+        self.counters.num_recomputed_tokens += recomputed
+        self.pool.free(req.request_id)
         req.status = RequestStatus.FINISHED
-        req.phase = Phase.COMPLETE
         self.running.remove(req)
-        self.policy.on_leave(req)
+        self.policy.on_finish(req)
         self._num_finished += 1
 
     def _sample(self) -> None:
-        kv = self.kv
-        think_blocks = kv.num_blocks_in_tier(Tier.THINK_ACTIVE) + kv.num_blocks_in_tier(
-            Tier.THINK_COMPLETE
-        )
-        queue_output = sum(1 for r in self.running if r.phase is not Phase.THINK)
+        pool, block_size = self.pool, self.config.block_size_tokens
+        think_blocks = queue_think = 0
+        for req in self.running:
+            stream = req.stream
+            if stream.is_reasoning and req.num_output_tokens <= stream.num_think:  # thinking
+                queue_think += 1
+                think_blocks += -(-req.num_computed_tokens // block_size)
         self.samples.append(
             TimeSample(
                 time_ns=self.now_ns,
-                num_kv_blocks_used=kv.num_blocks - kv.num_free_blocks,
+                num_kv_blocks_used=pool.num_usable_blocks - pool.num_free_blocks,
                 num_kv_blocks_think=think_blocks,
                 num_running=len(self.running),
-                num_waiting=len(self.waiting),
-                queue_output=queue_output,
-                queue_think=len(self.running) - queue_output,
-                batch_output=self._last_batch[0],
-                batch_think=self._last_batch[1],
+                num_waiting=self._num_waiting(),
+                queue_output=len(self.running) - queue_think,
+                queue_think=queue_think,
             )
         )

@@ -1,287 +1,224 @@
-"""Scheduling policies the simulator compares, all on the same engine.
+"""The policies the simulator compares, and their adapters to the fast engine.
 
-=================  ==========================================================================
-``meridian``       the core objects: dual-queue order (output first, think fills up to
-                   ``think_batch_multiplier`` x the output budget), phase-aware preemption victims
-                   and tiered KV (think cap), entropy-driven budget forcing (EAT + RPDI).
-``vllm-fcfs``      stock vLLM: the running list in admission order; under KV pressure the last
-                   running request (``running[-1]``, the newest) is preempted.
-``vllm-priority``  vLLM's priority policy with the priorities a user would set: chat requests 0,
-                   reasoning requests 1 (lower runs first); the victim is the lowest-priority,
-                   latest-arrived candidate.
-``static-budget``  FCFS plus vLLM's ``thinking_token_budget``: ``</think>`` forced at a fixed
-                   think length, no entropy.
-``think-first``    Pascal-like (HPCA 2026): reasoning at high priority; answer tokens paced to the
-                   output ITL SLO (an answer row is scheduled only when its next token is due);
-                   victims from the low-priority (answer) end.
-=================  ==========================================================================
+A policy is a scheduler and a forcing (:mod:`meridian.sim.streams`): forcing is reported apart
+from scheduling, so every scheduler runs with forcing off and with Meridian's forcing on.
+
+========================  ==================================================================
+``vllm-fcfs``             stock vLLM: running list in admission order; under KV pressure the
+                          newest running request (``running[-1]``) is preempted by recompute.
+``vllm-priority``         vLLM's priority policy with the priorities a user would set: chat 0,
+                          reasoning 1 (lower runs first; the victim is the lowest-priority,
+                          latest arrival).
+``pascal``                a single-instance rendering of Pascal (arXiv:2602.11530,
+                          :class:`PascalPolicy`).
+``meridian-sched``        Meridian's scheduling (:class:`~meridian.core.policy.MeridianPolicy`,
+                          the shipped object), forcing off.
+``meridian``              Meridian's scheduling and Meridian's forcing: what ships.
+``NAME+forcing``          scheduler ``NAME`` with Meridian's forcing (the same streams).
+``static-budget``         FCFS plus vLLM's ``thinking_token_budget`` at the cap whose think-token
+                          saving matches Meridian's forcing on this workload;
+                          ``static-budget:CAP`` at a given cap.
+========================  ==================================================================
+
+Baselines run at vLLM's defaults for the hardware (``meridian.sim.presets``). Both engines run
+the same policy objects: the fast engine through :func:`make_sim_policy`, vLLM's scheduler
+through :mod:`meridian.sim.vllm_engine`.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Sequence
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from meridian.config.schema import MeridianConfig
-from meridian.core.budget import BudgetPolicy
-from meridian.core.dual_queue import DualQueueScheduler
-from meridian.core.preemption import RunningRequest, select_preemption_victims
-from meridian.core.types import Phase, PhaseEvent, Tier, floor_fraction
+from meridian.core.policy import MeridianPolicy, Plan, R, output_budget_setting
+from meridian.core.types import Phase
 from meridian.errors import MeridianError
 from meridian.sim.engine import Engine, SimPolicy
 from meridian.sim.state import SimRequest
-from meridian.sim.steptime import rows_within_budget
+from meridian.sim.streams import FORCING_MERIDIAN, FORCING_OFF, SIM_MODEL, Forcing, ForcingKind
 
-DEFAULT_STATIC_THINK_BUDGET = 4096
-
-
-class _Forcing:
-    """Runs a core BudgetPolicy on each think token (full checks every probe interval)."""
-
-    def __init__(self, budget: BudgetPolicy, interval: int, use_entropy: bool) -> None:
-        self.budget = budget
-        self.interval = interval
-        self.use_entropy = use_entropy
-        self.engine: Engine | None = None
-
-    def on_admit(self, req: SimRequest) -> None:
-        if self.use_entropy and req.probe is None and req.spec.is_reasoning:
-            req.probe = self.budget.new_probe()
-
-    def after_think_token(self, req: SimRequest) -> None:
-        probe = req.probe
-        if probe is not None:
-            h = req.current_entropy()
-            if h is not None:
-                probe.observe(h)
-        n = req.num_think
-        # The hard cap is checked every token; entropy signals only change meaningfully at probe
-        # intervals, so the full decision runs there (the vLLM logits processor does the same).
-        if n < self.budget.max_think_tokens and n % self.interval:
-            return
-        decision = self.budget.decide(n, probe)
-        if decision is not None and self.engine is not None:
-            self.engine.force(req, decision)
+FORCING_SUFFIX = "+forcing"
+STATIC_BUDGET = "static-budget"
+# Pascal, Sec. IV-C (as summarised in docs/benchmarks.md): a reasoning request longer than this
+# is demoted to the answering (low-priority) queue.
+PASCAL_DEMOTION_TOKENS = 5000
 
 
-class FcfsPolicy(SimPolicy):
-    """Stock vLLM FCFS."""
+class SchedulerKind(enum.Enum):
+    """Which scheduler a policy runs."""
 
-    name = "vllm-fcfs"
-
-
-class StaticBudgetPolicy(SimPolicy):
-    """FCFS plus a static ``thinking_token_budget``."""
-
-    name = "static-budget"
-
-    def __init__(self, think_budget: int = DEFAULT_STATIC_THINK_BUDGET) -> None:
-        self._forcing = _Forcing(BudgetPolicy.static(think_budget), 1, use_entropy=False)
-
-    def setup(self, engine: Engine) -> None:
-        self._forcing.engine = engine
-
-    def after_think_token(self, req: SimRequest) -> None:
-        self._forcing.after_think_token(req)
+    FCFS = "vllm-fcfs"
+    PRIORITY = "vllm-priority"
+    PASCAL = "pascal"
+    MERIDIAN = "meridian-sched"
 
 
-class PriorityPolicy(SimPolicy):
-    """vLLM's priority scheduling: chat 0, reasoning 1; ties by arrival."""
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """A named policy: its scheduler and its forcing. ``static-budget`` without a cap gets the
+    matched cap once the workload is known (``cap is None`` until then)."""
 
-    name = "vllm-priority"
+    name: str
+    scheduler: SchedulerKind
+    forcing: Forcing | None
 
-    @staticmethod
-    def _key(req: SimRequest) -> tuple[int, int, str]:
-        return (1 if req.spec.is_reasoning else 0, req.spec.arrival_ns, req.rid)
-
-    def order(
-        self, running: list[SimRequest], step: int, now_ns: int
-    ) -> tuple[list[SimRequest], list[SimRequest]]:
-        return sorted(running, key=self._key), []
-
-    def pick_victim(
-        self, candidates: list[SimRequest], needed_blocks: int, step: int
-    ) -> SimRequest | None:
-        return max(candidates, key=self._key)
-
-    def next_waiting(self, waiting: deque[SimRequest]) -> SimRequest | None:
-        return min(waiting, key=self._key)
+    @property
+    def needs_matched_cap(self) -> bool:
+        return self.forcing is None
 
 
-class ThinkFirstPolicy(SimPolicy):
-    """Pascal-like: think phase first; answers paced to the output ITL SLO."""
-
-    name = "think-first"
-
-    def __init__(self, output_itl_ns: int) -> None:
-        self._pace_ns = output_itl_ns
-
-    def order(
-        self, running: list[SimRequest], step: int, now_ns: int
-    ) -> tuple[list[SimRequest], list[SimRequest]]:
-        think = [r for r in running if r.phase is not Phase.OUTPUT or not r.record.answer_token_ns]
-        answer = [r for r in running if r.phase is Phase.OUTPUT and r.record.answer_token_ns]
-        due: list[SimRequest] = []
-        paced: list[SimRequest] = []
-        # An answer row not due within half a pace interval waits: pacing keeps it at the SLO
-        # while the freed batch slots go to reasoning.
-        horizon = now_ns + self._pace_ns // 2
-        for r in answer:
-            (due if r.record.answer_token_ns[-1] + self._pace_ns <= horizon else paced).append(r)
-        if not think and not due:
-            return paced, []  # nothing else to run: pacing would only idle the engine
-        return think + due, paced
-
-    def pick_victim(
-        self, candidates: list[SimRequest], needed_blocks: int, step: int
-    ) -> SimRequest | None:
-        answers = [c for c in candidates if c.phase is Phase.OUTPUT]
-        return answers[-1] if answers else candidates[-1]
+DEFAULT_POLICIES = (
+    "meridian",
+    "meridian-sched",
+    "vllm-fcfs",
+    "vllm-fcfs+forcing",
+    "vllm-priority",
+    "vllm-priority+forcing",
+    "pascal",
+    "pascal+forcing",
+    STATIC_BUDGET,
+)
 
 
-class MeridianPolicy(SimPolicy):
-    """The policy that ships: the same core objects the vLLM integration drives."""
-
-    name = "meridian"
-
-    def __init__(self, config: MeridianConfig) -> None:
-        self.config = config
-        self.dual_queue = DualQueueScheduler(config.scheduler)
-        self._forcing = _Forcing(
-            BudgetPolicy(config.scheduler, config.entropy),
-            config.entropy.eat_probe_interval_tokens,
-            use_entropy=config.entropy.enabled,
-        )
-        self._engine: Engine | None = None
-        self._by_id: dict[str, SimRequest] = {}
-        self._victims_this_step = 0
-        self._step = -1
-        self._output_budget_cache: dict[int, int] = {}
-
-    def setup(self, engine: Engine) -> None:
-        self._engine = engine
-        self._forcing.engine = engine
-
-    def next_waiting(self, waiting: deque[SimRequest]) -> SimRequest | None:
-        """FCFS, except that new reasoning requests wait while think tiers hold more than
-        ``think_phase_memory_fraction`` of the cache (requests behind them may go first)."""
-        engine = self._engine
-        assert engine is not None
-        kv = engine.kv
-        think = kv.num_blocks_in_tier(Tier.THINK_ACTIVE) + kv.num_blocks_in_tier(
-            Tier.THINK_COMPLETE
-        )
-        if think < self.config.kv_memory.think_phase_memory_fraction * kv.num_blocks:
-            return waiting[0]
-        for req in waiting:
-            if req.phase is not Phase.THINK or req.record.preemptions_by_phase:
-                return req
-        return None
-
-    def _output_budget(self, engine: Engine, running: Sequence[SimRequest]) -> int:
-        """Rows that fit in one step within the output TPOT budget at today's mean context."""
-        if not running:
-            return engine.config.max_num_seqs
-        mean_context = sum(r.num_tokens for r in running) // len(running)
-        bucket = max(1, mean_context // 256)  # cache by 256-token buckets: it changes slowly
-        cached = self._output_budget_cache.get(bucket)
-        if cached is None:
-            budget_ns = int(self.config.scheduler.output_tpot_budget_ms * 1e6)
-            cached = rows_within_budget(
-                engine.step_model, budget_ns, bucket * 256, engine.config.max_num_seqs
-            )
-            self._output_budget_cache[bucket] = cached
-        return cached
-
-    def order(
-        self, running: list[SimRequest], step: int, now_ns: int
-    ) -> tuple[list[SimRequest], list[SimRequest]]:
-        engine = self._engine
-        assert engine is not None
-        plan = self.dual_queue.schedule(
-            engine.config.max_num_seqs, self._output_budget(engine, running)
-        )
-        by_id = self._by_id
-        return [by_id[r] for r in plan.served], [by_id[r] for r in plan.deferred]
-
-    def pick_victim(
-        self, candidates: list[SimRequest], needed_blocks: int, step: int
-    ) -> SimRequest | None:
-        engine = self._engine
-        assert engine is not None
-        if step != self._step:
-            self._step, self._victims_this_step = step, 0
-        limit = max(
-            1, floor_fraction(self.config.scheduler.preempt_max_fraction, len(engine.running))
-        )
-        if self._victims_this_step >= limit:
-            return None  # NOTE: the requester waits a step rather than exceed the per-step cap.
-        running = [
-            RunningRequest(
-                request_id=c.rid,
-                phase=c.phase,
-                num_blocks=c.num_blocks,
-                last_touched=c.last_scheduled_step,
-                readmitted_step=c.readmitted_step,
-            )
-            for c in candidates
-        ]
-        victims = select_preemption_victims(
-            needed_blocks, running, step=step, max_fraction=1.0, readmit_guard_steps=1
-        )
-        self._victims_this_step += 1
-        if not victims:
-            return candidates[0]  # nobody else holds blocks: the requester gives way
-        return self._by_id[victims[0].request_id]
-
-    def on_admit(self, req: SimRequest, step: int) -> None:
-        self._by_id[req.rid] = req
-        self.dual_queue.add(req.rid, req.phase)
-        self._forcing.on_admit(req)
-
-    def on_leave(self, req: SimRequest) -> None:
-        self.dual_queue.remove(req.rid)
-        self._by_id.pop(req.rid, None)
-
-    def on_events(self, req: SimRequest, events: Sequence[PhaseEvent]) -> None:
-        if req.rid in self.dual_queue and req.phase is not Phase.COMPLETE:
-            self.dual_queue.set_phase(req.rid, req.phase)
-
-    def after_think_token(self, req: SimRequest) -> None:
-        self._forcing.after_think_token(req)
+def parse_policy(name: str) -> PolicySpec:
+    """The policy a name stands for (module docstring); a clear error for anything else."""
+    text = name.strip()
+    if text == "meridian":
+        return PolicySpec(text, SchedulerKind.MERIDIAN, FORCING_MERIDIAN)
+    if text == STATIC_BUDGET:
+        return PolicySpec(text, SchedulerKind.FCFS, None)
+    if text.startswith(STATIC_BUDGET + ":"):
+        raw = text.split(":", 1)[1]
+        if not raw.isdigit() or int(raw) < 1:
+            raise MeridianError(f"policy {name!r}: the cap must be a positive integer; got {raw!r}")
+        return PolicySpec(text, SchedulerKind.FCFS, Forcing(ForcingKind.STATIC, int(raw)))
+    base, plus, rest = text.partition("+")
+    kinds = {k.value: k for k in SchedulerKind}
+    if base not in kinds or (plus and rest != FORCING_SUFFIX[1:]):
+        known = ", ".join([*DEFAULT_POLICIES[:-1], "static-budget[:CAP]"])
+        raise MeridianError(f"unknown policy {name!r}; known: {known}")
+    if base == SchedulerKind.MERIDIAN.value and plus:
+        raise MeridianError(f"policy {name!r}: Meridian with its forcing is called 'meridian'")
+    forcing = FORCING_MERIDIAN if plus else FORCING_OFF
+    return PolicySpec(text, kinds[base], forcing)
 
 
-class MeridianDisaggPolicy(MeridianPolicy):
-    """Meridian plus offload of ThinkComplete KV to a KV pool at ExitThink (``--disagg``).
+def parse_policies(text: str) -> list[PolicySpec]:
+    """``all`` or a comma list of policy names, in order, without repeats."""
+    names = list(DEFAULT_POLICIES) if text.strip() == "all" else text.split(",")
+    specs: list[PolicySpec] = []
+    for name in names:
+        if name.strip() and all(s.name != name.strip() for s in specs):
+            specs.append(parse_policy(name))
+    if not specs:
+        raise MeridianError("--policies: no policy named; use 'all' or a comma list")
+    return specs
 
-    NOTE: this models the design's premise that a request's think-phase KV is cold once its
-    answer starts (the answer is generated from the local, recent KV); the engine frees those
-    slots when the pool acknowledges the transfer and pulls them back instead of recomputing
-    when the request resumes after a preemption.
+
+class PascalPolicy(MeridianPolicy):
+    """A faithful-where-possible single-instance rendering of Pascal's intra-instance scheduler
+    (Cho et al., "PASCAL: A Phase-Aware Scheduling Algorithm for Serving Reasoning-based LLMs",
+    HPCA 2026, arXiv:2602.11530; the choices and their sources are in docs/benchmarks.md).
+
+    - Reasoning, prefill included, is the high-priority class; answering the low one (the
+      reasoning phase "includes the prefill stage"). The order serves the high class first.
+    - Under memory pressure answering requests are preempted first ("reasoning requests always
+      preempt answering requests for GPU memory", Sec. IV-C): they are last in the order, where
+      vLLM takes its victim (the newest first).
+    - A reasoning request past 5,000 think tokens is demoted to the low class (Sec. IV-C).
+    - Answer tokens reach the user through a token pacer at the output SLO (the engine applies
+      ``delivery_pace_ns``), hiding stalls shorter than the tokens buffered ahead.
+
+    Not rendered: round robin with a 500-token quantum inside each class (vLLM preempts by
+    recompute, so time-slicing by preemption would recompute where Pascal swaps; FCFS is kept
+    within each class) and Pascal's multi-instance placement and migration.
     """
 
-    name = "meridian-disagg"
+    def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
+        self.stats.num_plans += 1
+        high: list[R] = []
+        low: list[R] = []
+        states = self._states
+        for request in running:
+            st = states[request.request_id].phase_state
+            answering = st.phase is Phase.OUTPUT
+            (low if answering or st.num_think_tokens > PASCAL_DEMOTION_TOKENS else high).append(
+                request
+            )
+        order: Sequence[R] = running
+        if any(a is not b for a, b in zip(high + low, running, strict=True)):
+            order = high + low
+            self.stats.num_reordered_steps += 1
+        return Plan(order, [], low[::-1])
 
-    def offloads_think_kv(self) -> bool:
-        return True
+
+class _CorePolicy(SimPolicy):
+    """The fast engine's adapter over a core policy object (Meridian's, or Pascal's)."""
+
+    def __init__(
+        self, name: str, config: MeridianConfig, policy_class: type[MeridianPolicy]
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.policy_class = policy_class
+        self._core: MeridianPolicy | None = None
+
+    @property
+    def core(self) -> MeridianPolicy:
+        assert self._core is not None, "setup() first"
+        return self._core
+
+    def setup(self, engine: Engine) -> None:
+        cfg = engine.config
+        self._core = self.policy_class(
+            SIM_MODEL,
+            self.config.scheduler,
+            block_size=cfg.block_size_tokens,
+            capacity=cfg.max_num_seqs,
+            output_budget=output_budget_setting(self.config.scheduler.output_budget_rows),
+            clock=lambda: engine.now_ns / 1e9,
+        )
+
+    def on_arrival(self, req: SimRequest) -> None:
+        self.core.track(req.request_id, req.stream.prompt_tail())
+
+    def plan(self, running: list[SimRequest], step: int, num_free_blocks: int) -> Plan[SimRequest]:
+        return self.core.plan(running, step, num_free_blocks)
+
+    def on_step(self, num_rows: int, num_tokens: int) -> None:
+        self.core.on_step(num_rows, num_tokens)
+
+    def on_idle(self) -> None:
+        self.core.on_idle()
+
+    def on_tokens(self, batch: list[tuple[str, list[int]]], step: int) -> None:
+        self.core.observe_many(batch, step)
+
+    def on_preempt(self, req: SimRequest) -> None:
+        self.core.on_preempt(req.request_id)
+
+    def on_finish(self, req: SimRequest) -> None:
+        self.core.untrack(req.request_id)
 
 
-PolicyFactory = Callable[[MeridianConfig, int], SimPolicy]
-
-POLICIES: dict[str, PolicyFactory] = {
-    "meridian": lambda config, itl_ns: MeridianPolicy(config),
-    "meridian-disagg": lambda config, itl_ns: MeridianDisaggPolicy(config),
-    "vllm-fcfs": lambda config, itl_ns: FcfsPolicy(),
-    "vllm-priority": lambda config, itl_ns: PriorityPolicy(),
-    "static-budget": lambda config, itl_ns: StaticBudgetPolicy(),
-    "think-first": lambda config, itl_ns: ThinkFirstPolicy(itl_ns),
-}
+class _Priority(SimPolicy):
+    uses_priority = True
 
 
-def make_policy(name: str, config: MeridianConfig, output_itl_ns: int) -> SimPolicy:
-    """A fresh policy by registry name; a clear error for unknown names."""
-    try:
-        factory = POLICIES[name]
-    except KeyError:
-        raise MeridianError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
-    return factory(config, output_itl_ns)
+def make_sim_policy(spec: PolicySpec, config: MeridianConfig, output_itl_ns: int) -> SimPolicy:
+    """A fresh fast-engine policy for ``spec`` (its forcing is in the streams, not here)."""
+    kind = spec.scheduler
+    policy: SimPolicy
+    if kind is SchedulerKind.MERIDIAN:
+        policy = _CorePolicy(spec.name, config, MeridianPolicy)
+    elif kind is SchedulerKind.PASCAL:
+        policy = _CorePolicy(spec.name, config, PascalPolicy)
+        policy.delivery_pace_ns = output_itl_ns
+    elif kind is SchedulerKind.PRIORITY:
+        policy = _Priority()
+    else:
+        policy = SimPolicy()
+    policy.name = spec.name
+    return policy

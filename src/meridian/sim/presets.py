@@ -22,11 +22,32 @@ from typing import Any, TypeVar
 from meridian.errors import ConfigError
 from meridian.sim.steptime import HardwareSpec, ModelSpec
 
-__all__ = ["HARDWARE", "MODELS", "hardware_preset", "load_presets", "model_preset"]
+__all__ = [
+    "HARDWARE",
+    "MODELS",
+    "VLLM_DEFAULTS",
+    "VllmDefaults",
+    "hardware_preset",
+    "load_presets",
+    "model_preset",
+    "vllm_defaults",
+]
 
 _PRESETS_FILE = "presets.toml"
 
-_Spec = TypeVar("_Spec", HardwareSpec, ModelSpec)
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class VllmDefaults:
+    """What vLLM's API server picks on a device when the user sets nothing."""
+
+    name: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    source: str
+
+
+_Spec = TypeVar("_Spec", HardwareSpec, ModelSpec, VllmDefaults)
 
 
 def _build(cls: type[_Spec], section: str, name: str, table: Any) -> _Spec:
@@ -57,16 +78,20 @@ def _build(cls: type[_Spec], section: str, name: str, table: Any) -> _Spec:
     return cls(name=name, **values)
 
 
-def load_presets(text: str) -> tuple[dict[str, HardwareSpec], dict[str, ModelSpec]]:
-    """Parse a presets TOML document (``[hardware.<name>]`` and ``[model.<name>]`` tables)."""
+def load_presets(
+    text: str,
+) -> tuple[dict[str, HardwareSpec], dict[str, ModelSpec], dict[str, VllmDefaults]]:
+    """Parse a presets TOML document (``[hardware.<name>]``, ``[model.<name>]`` and
+    ``[vllm_defaults.<hardware name>]`` tables)."""
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{_PRESETS_FILE}: {exc}") from None
-    unknown = sorted(set(document) - {"hardware", "model"})
+    unknown = sorted(set(document) - {"hardware", "model", "vllm_defaults"})
     if unknown:
         raise ConfigError(
-            f"{_PRESETS_FILE}: unknown table(s) {', '.join(unknown)}; expected hardware, model"
+            f"{_PRESETS_FILE}: unknown table(s) {', '.join(unknown)}; "
+            "expected hardware, model, vllm_defaults"
         )
     hardware = {
         name: _build(HardwareSpec, "hardware", name, table)
@@ -76,12 +101,20 @@ def load_presets(text: str) -> tuple[dict[str, HardwareSpec], dict[str, ModelSpe
         name: _build(ModelSpec, "model", name, table)
         for name, table in document.get("model", {}).items()
     }
-    return hardware, models
+    defaults = {
+        name: _build(VllmDefaults, "vllm_defaults", name, table)
+        for name, table in document.get("vllm_defaults", {}).items()
+    }
+    missing = sorted(set(hardware) - set(defaults))
+    if missing:
+        raise ConfigError(f"{_PRESETS_FILE}: no [vllm_defaults] for {', '.join(missing)}")
+    return hardware, models, defaults
 
 
 HARDWARE: dict[str, HardwareSpec]
 MODELS: dict[str, ModelSpec]
-HARDWARE, MODELS = load_presets(
+VLLM_DEFAULTS: dict[str, VllmDefaults]
+HARDWARE, MODELS, VLLM_DEFAULTS = load_presets(
     (resources.files("meridian.sim") / "data" / _PRESETS_FILE).read_text(encoding="utf-8")
 )
 
@@ -104,3 +137,9 @@ def model_preset(name: str) -> ModelSpec:
         raise ConfigError(
             f"unknown model preset {name!r}; known: {', '.join(sorted(MODELS))}"
         ) from None
+
+
+def vllm_defaults(hardware: str) -> VllmDefaults:
+    """vLLM's defaults on the hardware preset called ``hardware``."""
+    hardware_preset(hardware)  # the error for an unknown name
+    return VLLM_DEFAULTS[hardware]

@@ -1,24 +1,18 @@
-"""The engine's mutable per-request state (hot path: a slotted dataclass, no pydantic)."""
+"""The fast engine's mutable per-request state (hot path: a slotted dataclass, no pydantic).
+
+The attributes the policy reads have vLLM's ``Request`` names and meaning (``request_id``,
+``num_computed_tokens``, ``num_tokens``), so :class:`~meridian.core.policy.MeridianPolicy` plans
+over these exactly as it does over vLLM's requests.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
-import numpy as np
-import numpy.typing as npt
-
-from meridian.core.entropy import EntropyProbe
 from meridian.core.types import Phase
 from meridian.sim.records import RequestRecord
-from meridian.sim.request import RequestSpec
-
-# Token ids of the simulated stream; the engine's router sees exactly these.
-THINK_START_ID = 1
-THINK_END_ID = 2
-NO_THINK_ID = 3
-THINK_TOKEN_ID = 10
-ANSWER_TOKEN_ID = 11
+from meridian.sim.streams import Stream
 
 
 class RequestStatus(enum.Enum):
@@ -31,74 +25,49 @@ class RequestStatus(enum.Enum):
 
 @dataclass(slots=True, eq=False)
 class SimRequest:
-    """One request inside the simulated engine.
+    """One request inside the fast engine.
 
-    The generated stream of a reasoning request is ``think_target`` think tokens, ``</think>``,
-    then the answer; a chat request generates only its answer. ``think_target`` starts at the
-    workload's think length and is cut short when the budget policy forces ``</think>``.
-    Invariant: ``num_computed <= num_tokens`` and ``num_blocks * block_size >= num_computed``.
+    Invariant: ``num_computed_tokens <= num_tokens``; a running request holds the KV blocks of
+    its computed tokens (and of the tokens scheduled in the step in flight).
     """
 
-    spec: RequestSpec
+    stream: Stream
     record: RequestRecord
-    rid: str
-    think_target: int
-    entropy: npt.NDArray[np.float32] | None
-    phase: Phase = Phase.PREFILL
+    request_id: str
+    priority: int
     status: RequestStatus = RequestStatus.WAITING
-    num_generated: int = 0
-    num_think: int = 0
-    num_answer: int = 0
-    num_computed: int = 0
-    num_blocks: int = 0
-    last_token_id: int = -1
-    last_scheduled_step: int = -1
-    readmitted_step: int | None = None
-    probe: EntropyProbe | None = None
-    num_offloaded_blocks: int = 0
-    offload_pending: tuple[int, ...] = ()
-    offload_epoch: int = 0
+    num_output_tokens: int = 0
+    num_computed_tokens: int = 0
+    # Every token computed for it, recomputation after preemptions included.
+    num_scheduled_tokens: int = 0
 
     @classmethod
-    def from_spec(cls, spec: RequestSpec) -> SimRequest:
-        """Fresh state for ``spec``."""
+    def from_stream(cls, stream: Stream) -> SimRequest:
+        """Fresh state; vLLM's priority policy would see chat at 0, reasoning at 1."""
         return cls(
-            spec=spec,
-            record=RequestRecord.for_spec(spec),
-            rid=spec.request_id,
-            think_target=spec.num_think_tokens,
-            entropy=spec.think_entropy,
+            stream=stream,
+            record=RequestRecord.for_stream(stream),
+            request_id=stream.request_id,
+            priority=1 if stream.is_reasoning else 0,
         )
 
     @property
+    def num_prompt_tokens(self) -> int:
+        return self.stream.spec.num_prompt_tokens
+
+    @property
     def num_tokens(self) -> int:
-        """Prompt plus generated tokens: the context whose KV a full prefill computes."""
-        return self.spec.num_prompt_tokens + self.num_generated
+        """Prompt plus generated tokens (vLLM's ``Request.num_tokens``)."""
+        return self.stream.spec.num_prompt_tokens + self.num_output_tokens
 
-    def blocks_needed(self, num_tokens_after: int, block_size: int) -> int:
-        """Local blocks to add so that ``num_tokens_after`` tokens of KV fit (blocks offloaded
-        to the KV pool hold their tokens without a local slot)."""
-        total = -(-num_tokens_after // block_size)
-        return max(0, total - self.num_blocks - self.num_offloaded_blocks)
+    @property
+    def phase(self) -> Phase:
+        """THINK until its ``</think>`` is generated, then OUTPUT (chat: always OUTPUT)."""
+        stream = self.stream
+        if stream.is_reasoning and self.num_output_tokens <= stream.num_think:
+            return Phase.THINK
+        return Phase.OUTPUT
 
-    def next_token_id(self) -> int:
-        """Generate the next token of the stream (and remember it)."""
-        if not self.spec.is_reasoning:
-            tok = ANSWER_TOKEN_ID
-        elif self.num_think < self.think_target:
-            tok = THINK_TOKEN_ID
-        elif self.record.think_end_ns is None:
-            # The engine emits every sampled token in the same step (setting think_end_ns on
-            # </think>), so this holds for exactly one token.
-            tok = THINK_END_ID
-        else:
-            tok = ANSWER_TOKEN_ID
-        self.num_generated += 1
-        self.last_token_id = tok
-        return tok
-
-    def current_entropy(self) -> float | None:
-        """Entropy (nats) of the think token just generated, when the workload has a trace."""
-        if self.entropy is None or self.num_think == 0:
-            return None
-        return float(self.entropy[self.num_think - 1])
+    @property
+    def finished_generating(self) -> bool:
+        return self.num_output_tokens >= self.stream.num_output_tokens

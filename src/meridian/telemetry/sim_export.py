@@ -2,9 +2,9 @@
 
 A :class:`~meridian.sim.records.SimResult` is replayed into a :class:`MeridianMetrics`:
 per-request histograms (think tokens, TTFVT, TTOT, output ITL), counters (forces by reason,
-preemptions by phase, OutputCritical evictions, offloaded/ingested blocks) and, for the gauges,
-the state of the last sample. Simulated nanoseconds become seconds, so a dashboard or a scrape
-test reads a simulator run and a real run the same way.
+preemptions by phase) and, for the gauges, the state of the last sample. Simulated nanoseconds
+become seconds, so a dashboard or a scrape test reads a simulator run and a real run the same
+way.
 
 Counters accumulate: record one run per :class:`MeridianMetrics` (an A/B gives each policy its
 own instance, each on its own private registry).
@@ -26,7 +26,6 @@ def record_sim_result(
     result: SimResult,
     *,
     block_size_bytes: int | None = None,
-    fabric_label: str = "sim",
 ) -> None:
     """Report ``result`` through ``metrics``.
 
@@ -36,9 +35,6 @@ def record_sim_result(
         block_size_bytes: bytes of one KV block; when given, KV capacity and the last sample's
             KV usage are reported in bytes. The sample does not split think blocks between
             THINK_ACTIVE and THINK_COMPLETE, so all of them are reported as THINK_ACTIVE.
-        fabric_label: the ``fabric`` label for the run's offloaded/ingested blocks (the
-            simulator models a fabric by latency and bandwidth only; blocks, not bytes, are
-            reported).
 
     Think tokens are observed for requests that ended a think phase; the latency histograms
     for requests that produced the corresponding tokens. Unfinished requests (a truncated run)
@@ -62,19 +58,12 @@ def record_sim_result(
     for phase, n in sorted(counters.preemptions_by_phase.items()):
         if n:
             metrics.count_preemption(phase, n)
-    if counters.num_output_critical_evictions:
-        metrics.count_output_critical_eviction(counters.num_output_critical_evictions)
-    if counters.num_offloaded_blocks or counters.num_ingested_blocks:
-        metrics.count_offloaded(fabric_label, counters.num_offloaded_blocks, 0)
-        metrics.count_ingested(fabric_label, counters.num_ingested_blocks, 0)
     metrics.set_tracked_requests(sum(1 for rec in result.records if not rec.finished))
 
     if result.samples:
         last = result.samples[-1]
         metrics.set_queue_depth(Phase.OUTPUT, last.queue_output)
         metrics.set_queue_depth(Phase.THINK, last.queue_think)
-        metrics.set_batch_size(Phase.OUTPUT, last.batch_output)
-        metrics.set_batch_size(Phase.THINK, last.batch_think)
         if block_size_bytes is not None:
             think = last.num_kv_blocks_think
             metrics.set_kv_used_bytes(Tier.THINK_COMPLETE, 0)

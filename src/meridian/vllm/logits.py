@@ -6,7 +6,7 @@ runner: vLLM's CPU default) or ``meridian.vllm.logits:MeridianLogitsProcessorV2`
 runner: the GPU default). Both see the whole ``[rows, vocab]`` logits tensor once per step,
 before temperature and top-k/top-p, and do per row:
 
-1. feed the row's new output tokens to its own phase router (:class:`~meridian.vllm.forcing.
+1. feed the row's new output tokens to its own phase router (:class:`~meridian.core.forcing.
    ThinkForcer`);
 2. while the request thinks: the Shannon entropy of the row, in torch on the logits' device
    (:func:`entropy_torch`, agreeing with :func:`meridian.core.entropy.entropy_nats` within
@@ -39,9 +39,9 @@ from prometheus_client import CollectorRegistry
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from meridian.core.budget import BudgetPolicy, RequestBudget
+from meridian.core.forcing import ForceRecord, ThinkForcer
 from meridian.core.types import ForceReason
 from meridian.telemetry.metrics import MeridianMetrics
-from meridian.vllm.forcing import ForceRecord, ThinkForcer
 from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
 
 __all__ = ["MeridianLogitsProcessor", "MeridianLogitsProcessorV2", "entropy_torch"]

@@ -1,36 +1,33 @@
 # mypy: disable-error-code="import-not-found", allow-subclassing-any
-"""Meridian's vLLM scheduler: phase-aware order and preemption victims, without forking vLLM.
+"""Meridian's vLLM scheduler: a thin adapter of vLLM's ``Scheduler`` over the core policy.
 
 Select it with ``--scheduler-cls meridian.vllm.scheduler.MeridianScheduler`` (or
 ``MeridianAsyncScheduler`` where vLLM schedules asynchronously, the GPU default). The pair
 follows vLLM's own ``DiffusionScheduler``/``DiffusionAsyncScheduler`` pattern: the sync class
 holds all the logic, the async one only mixes in ``AsyncScheduler``.
 
-vLLM's ``Scheduler.schedule()`` serves ``self.running`` in list order and, when a request
-cannot get KV blocks, preempts ``self.running[-1]`` (FCFS policy). Meridian overrides a few
-narrow hooks and never copies ``schedule()``:
+Every decision is :class:`~meridian.core.policy.MeridianPolicy`'s, the same object the simulator
+drives; this class only connects it to a few narrow vLLM hooks and never copies ``schedule()``:
 
-- ``add_request``: the phase router starts tracking the request; its initial phase comes
-  from the prompt's tail (``<think>`` at the end of the prompt means it starts thinking).
-- ``_update_request_with_output`` collects every request's new tokens and
-  ``update_from_output`` hands the step's deltas to the router in one batch (phase changes,
-  think/answer counts, answer-token gaps in steps); a request freed mid-step is accounted first.
-- ``_free_request`` (every finished or aborted request passes there) and ``_preempt_request``
-  (counts preemptions by phase): cleanup, so the tracked-request count returns to zero.
-- ``schedule``: before ``super().schedule()``, ``self.running`` is re-ordered by
-  :class:`~meridian.vllm.policy.RunningOrder`: answer streams first (served first, preempted
-  last), thinking requests after them, the core's first-choice victim last, where vLLM's FCFS
-  preemption takes it; surplus think requests (dual queue) and answer streams that no one
-  could make KV room for are skipped for one step via ``request.next_decode_eligible_step``.
+- ``add_request`` / ``_free_request``: the policy starts / stops tracking the request (every
+  finished or aborted request passes through ``_free_request``);
+- ``schedule``: before ``super().schedule()``, ``self.running`` is set to the plan's order
+  (vLLM serves it from the front and its FCFS preemption takes ``running[-1]``, the policy's
+  first-choice victim) and the plan's skipped requests get ``next_decode_eligible_step``;
+  afterwards the policy learns the step's shape (decode-only steps time the output budget);
+- ``_update_request_with_output`` collects each request's new tokens and
+  ``update_from_output`` hands the step's deltas to the policy in one batch;
+- ``_preempt_request``: the policy counts the preemption by phase.
 
 Fail open: an exception in Meridian's code is logged once per hook and error type with its
-context, counted in ``meridian_stats.policy_errors``, and the step runs with vLLM's stock
+context, counted in ``meridian_overhead.policy_errors``, and the step runs with vLLM's stock
 order. Only configuration errors found at start-up (a non-FCFS policy, a bad meridian.toml, a
 named model family that does not fit the tokenizer) stop the engine, with a clear message.
 
-The scheduler runs in the engine-core process; it derives everything from the token stream
-and ``$MERIDIAN_CONFIG``/``$MERIDIAN_MODEL`` (:mod:`meridian.vllm.runtime`), never from
-globals shared with the workers.
+The scheduler runs in the engine-core process; it derives everything from the token stream and
+``$MERIDIAN_CONFIG``/``$MERIDIAN_MODEL`` (:mod:`meridian.vllm.runtime`). The simulator builds
+it with the ``meridian_runtime`` and ``meridian_clock`` keywords instead (its config and
+model, and virtual time).
 """
 
 from __future__ import annotations
@@ -38,23 +35,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from prometheus_client import CollectorRegistry
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from meridian.core.types import Phase
+from meridian.core.policy import MeridianPolicy, PolicyStats, output_budget_setting
+from meridian.core.types import ForceReason, Phase, PhaseEvent
 from meridian.errors import ConfigError
 from meridian.telemetry.metrics import MeridianMetrics
-from meridian.telemetry.otel import make_tracer
-from meridian.vllm.policy import RunningOrder, SchedulerStats
-from meridian.vllm.runtime import MeridianRuntime, runtime_from_vllm_config
-from meridian.vllm.steptime import DecodeStepTime
+from meridian.telemetry.otel import Tracer, make_tracer
+from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
 
 __all__ = [
     "ENV_OUTPUT_BUDGET_ROWS",
+    "AdapterStats",
     "MeridianAsyncScheduler",
     "MeridianScheduler",
     "MeridianShadowScheduler",
@@ -64,46 +64,101 @@ logger = logging.getLogger(__name__)
 
 # Rows per step that keep answer streams within scheduler.output_tpot_budget_ms: the config's
 # scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
-# like $MERIDIAN_CONFIG). "auto": measured (meridian.vllm.steptime); 0: the whole batch.
+# like $MERIDIAN_CONFIG). "auto": measured (meridian.core.stepfit); 0: the whole batch.
 ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
 # meridian_schedule_overhead_seconds samples are published in batches of this many steps.
 OVERHEAD_SAMPLES_PER_PUBLISH = 32
-# With "auto", step-time samples are folded into the fit, and the output budget re-derived, in
-# batches of this many.
-BUDGET_REFIT_STEPS = 16
 
 
-def _output_budget(configured: int | str) -> int | str | None:
+def _output_budget(configured: int | Literal["auto"]) -> int | Literal["auto"] | None:
     """The output budget in force: rows, ``None`` (the whole batch) or ``"auto"``."""
     raw = os.environ.get(ENV_OUTPUT_BUDGET_ROWS, "").strip()
-    value: int | str = configured
-    if raw:
-        try:
-            value = "auto" if raw == "auto" else int(raw)
-        except ValueError:
-            value = -1
-        if value != "auto" and int(value) < 0:
-            raise ConfigError(
-                f'${ENV_OUTPUT_BUDGET_ROWS} must be "auto" or a number of rows >= 0; got {raw!r}'
-            )
-    if value == "auto":
+    if not raw:
+        return output_budget_setting(configured)
+    if raw == "auto":
         return "auto"
-    return int(value) or None
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ConfigError(
+            f'${ENV_OUTPUT_BUDGET_ROWS} must be "auto" or a number of rows >= 0; got {raw!r}'
+        )
+    return output_budget_setting(rows)
+
+
+@dataclass(slots=True)
+class AdapterStats:
+    """The adapter's own counters: steps, work, Meridian's time against vLLM's, errors.
+
+    ``num_scheduled_tokens`` is the engine's work: every token computed, recomputation after
+    preemptions included. Meridian's time: ``schedule_overhead_s`` before each ``schedule()``
+    (the plan, gauges) and ``update_overhead_s`` in token accounting and request tracking;
+    vLLM's: ``stock_schedule_s`` in ``schedule()``, ``stock_update_s`` in
+    ``update_from_output()`` (Meridian's part taken out).
+    """
+
+    num_steps: int = 0
+    num_scheduled_tokens: int = 0
+    policy_errors: int = 0
+    schedule_overhead_s: float = 0.0
+    stock_schedule_s: float = 0.0
+    update_overhead_s: float = 0.0
+    stock_update_s: float = 0.0
+
+
+class _Telemetry:
+    """The policy's listener: Meridian's metrics and (optionally) OTLP spans."""
+
+    def __init__(self, metrics: MeridianMetrics, tracer: Tracer) -> None:
+        self.metrics = metrics
+        self.tracer = tracer
+
+    def request_started(self, request_id: str) -> None:
+        if self.tracer.enabled:
+            self.tracer.request_started(request_id)
+
+    def request_finished(self, request_id: str) -> None:
+        if self.tracer.enabled:
+            self.tracer.request_finished(request_id)
+
+    def phase_event(self, request_id: str, event: PhaseEvent) -> None:
+        if self.tracer.enabled:
+            self.tracer.phase_event(request_id, event)
+
+    def preempted(self, phase: Phase, num_blocks: int) -> None:
+        self.metrics.count_preemption(phase)
+        if phase is Phase.OUTPUT and num_blocks:
+            self.metrics.count_output_critical_eviction(num_blocks)
+
+    def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
+        self.metrics.observe_think_tokens(num_think_tokens)
+        if hard_cap:
+            self.metrics.count_force(ForceReason.HARD_CAP)
 
 
 class MeridianScheduler(Scheduler):
-    """vLLM's scheduler with Meridian's phase-aware order (module docstring).
+    """vLLM's scheduler with Meridian's phase-aware plan (module docstring).
 
     Contract: Meridian never changes which requests are in ``self.running``, only their order
     and, for skipped requests, ``next_decode_eligible_step``. Every request added is tracked
     until it is freed (``meridian_num_tracked`` is 0 when the engine is idle).
-    ``meridian_stats`` holds the counters.
+    ``meridian_stats`` holds the policy's counters, ``meridian_overhead`` the adapter's.
     """
 
     #: False in :class:`MeridianShadowScheduler`: track and count, but keep vLLM's order.
     meridian_reorders: ClassVar[bool] = True
+    #: The policy this adapter drives (the simulator swaps in its baselines' policies).
+    policy_class: ClassVar[type[MeridianPolicy]] = MeridianPolicy
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        meridian_runtime: MeridianRuntime | None = None,
+        meridian_clock: Callable[[], float] = time.perf_counter,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         if self.policy != SchedulingPolicy.FCFS:
             raise ConfigError(
@@ -111,41 +166,35 @@ class MeridianScheduler(Scheduler):
                 f"{self.scheduler_config.policy!r}. Meridian decides the order itself: "
                 "drop --scheduling-policy (fcfs is the default) or use vLLM's own scheduler"
             )
-        self.meridian: MeridianRuntime = runtime_from_vllm_config(self.vllm_config)
+        self.meridian: MeridianRuntime = meridian_runtime or runtime_from_vllm_config(
+            self.vllm_config
+        )
+        config = self.meridian.config
         # A registry of its own: several engines may live in one process (tests). Under
         # $PROMETHEUS_MULTIPROC_DIR the values also go to that directory, where the API
         # server's /metrics collects them (the channel `meridian serve` sets up).
         self.meridian_metrics = MeridianMetrics(CollectorRegistry())
-        budget = _output_budget(self.meridian.config.scheduler.output_budget_rows)
-        # "auto": no deferral until measured decode steps say the budget binds.
-        self.meridian_step_time = DecodeStepTime() if budget == "auto" else None
-        self.meridian_policy = RunningOrder(
+        self.meridian_tracer = make_tracer(config.telemetry, metrics=self.meridian_metrics)
+        self.meridian_policy = self.policy_class(
             self.meridian.model,
-            self.meridian.config.scheduler,
+            config.scheduler,
             block_size=self.block_size,
             capacity=self.max_num_running_reqs,
-            output_budget=None if isinstance(budget, str) else budget,
-            metrics=self.meridian_metrics,
+            output_budget=_output_budget(config.scheduler.output_budget_rows),
+            clock=meridian_clock,
             transition_len=len(self.meridian.transition_ids),
+            listener=_Telemetry(self.meridian_metrics, self.meridian_tracer),
         )
-        self._output_tpot_s = self.meridian.config.scheduler.output_tpot_budget_ms / 1000
-        # (rows, start time) of the last step if it was decode-only (a step-time sample).
-        self._timed_step: tuple[int, float] | None = None
-        # (rows, seconds) of decode-only steps not yet folded into the fit.
-        self._step_samples: list[tuple[int, float]] = []
+        self.meridian_overhead = AdapterStats()
         self._logged_errors: set[tuple[str, str]] = set()
-        # (request, new token ids) of the step being processed by update_from_output.
-        self._step_tokens: list[tuple[Any, list[int]]] = []
+        # (request id, new token ids) of the step being processed by update_from_output.
+        self._step_tokens: list[tuple[str, list[int]]] = []
         # The gauge values last written by _publish_gauges (None: nothing written yet).
         self._published_gauges: tuple[int, ...] | None = None
         self._published_revision = -1
         # Per-step overhead samples not yet published (_sample_overhead).
         self._overhead_samples: list[float] = []
         self._sampled_overhead_s = 0.0
-        self.meridian_tracer = make_tracer(
-            self.meridian.config.telemetry, metrics=self.meridian_metrics
-        )
-        self.meridian_policy.tracer = self.meridian_tracer
         logger.info(
             "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
             self.meridian.model_name,
@@ -155,8 +204,8 @@ class MeridianScheduler(Scheduler):
         )
 
     @property
-    def meridian_stats(self) -> SchedulerStats:
-        """The counters (preemptions by phase, answer gaps, policy errors, ...)."""
+    def meridian_stats(self) -> PolicyStats:
+        """The policy's counters (preemptions by phase, answer gaps, deferrals, ...)."""
         return self.meridian_policy.stats
 
     @property
@@ -174,101 +223,69 @@ class MeridianScheduler(Scheduler):
         is_new = request.request_id not in self.requests
         super().add_request(request)
         if is_new:
-            start = time.perf_counter()
-            try:
-                self.meridian_policy.track(request)
-            except Exception as exc:
-                self._policy_error("add_request", exc, request.request_id)
-            self.meridian_stats.update_overhead_s += time.perf_counter() - start
+            with self._guarded("add_request", request.request_id):
+                try:
+                    params = request.sampling_params
+                    budget = parse_request_budget(getattr(params, "extra_args", None))
+                except ValueError:
+                    # The logits processor rejects such requests at admission; here the knob
+                    # only feeds the inferred-force counter, so a bad value is simply not used.
+                    budget = None
+                self.meridian_policy.track(
+                    request.request_id,
+                    request.prompt_token_ids,
+                    request.output_token_ids,
+                    budget,
+                )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        stats = self.meridian_stats
+        overhead = self.meridian_overhead
         start = time.perf_counter()
-        timed = self._timed_step
-        if timed is not None:
-            # The last step's wall time: a sample of the step-time fit, folded in by batches.
-            self._timed_step = None
-            self._step_samples.append((timed[0], start - timed[1]))
-            if len(self._step_samples) >= BUDGET_REFIT_STEPS:
-                self._refit_output_budget()
-        if self.meridian_reorders and len(self.running) > 1:
-            try:
+        if self.meridian_reorders:
+            with self._guarded("schedule", timed=False):
                 free = self.kv_cache_manager.block_pool.get_num_free_blocks()
-                order = self.meridian_policy.order(self.running, self.current_step, free)
-                if order is not self.running:
-                    self.running[:] = order
-            except Exception as exc:
-                self._policy_error("schedule", exc)
+                step = self.current_step + 1  # schedule() increments current_step first
+                plan = self.meridian_policy.plan(self.running, step, free)
+                if plan.order is not self.running:
+                    self.running[:] = plan.order
+                for request in plan.skip:
+                    # schedule() skips a request while current_step < next_decode_eligible_step.
+                    request.next_decode_eligible_step = max(
+                        request.next_decode_eligible_step, step + 1
+                    )
         self._publish_gauges()
-        stats.num_steps += 1
+        overhead.num_steps += 1
         stock_start = time.perf_counter()
-        stats.schedule_overhead_s += stock_start - start
+        overhead.schedule_overhead_s += stock_start - start
         if self.meridian_tracer.enabled:
             with self.meridian_tracer.step_span(
-                self.current_step, num_running=len(self.running), num_waiting=len(self.waiting)
+                self.current_step + 1,
+                num_running=len(self.running),
+                num_waiting=len(self.waiting),
             ):
                 output = super().schedule(*args, **kwargs)
         else:
             output = super().schedule(*args, **kwargs)
-        stats.stock_schedule_s += time.perf_counter() - stock_start
+        overhead.stock_schedule_s += time.perf_counter() - stock_start
         tokens = int(getattr(output, "total_num_scheduled_tokens", 0))
-        stats.num_scheduled_tokens += tokens
-        if self.meridian_step_time is not None:
+        overhead.num_scheduled_tokens += tokens
+        if self.meridian_reorders:
             rows = len(getattr(output, "num_scheduled_tokens", ()))
-            # Decode-only (one token per row): its time is what an answer stream waits.
-            self._timed_step = (rows, start) if rows and tokens == rows else None
+            self.meridian_policy.on_step(rows, tokens)
         return output
 
-    def _refit_output_budget(self) -> None:
-        """Fold the collected step-time samples into the fit and derive the output budget."""
-        samples, step_time = self._step_samples, self.meridian_step_time
-        self._step_samples = []
-        if step_time is None:
-            return
-        try:
-            for rows, seconds in samples:
-                step_time.observe(rows, seconds)
-            budget = step_time.rows_within(self._output_tpot_s, self.max_num_running_reqs)
-            self.meridian_policy.set_output_budget(budget)
-        except Exception as exc:
-            self._policy_error("step_time", exc)
-
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        stats = self.meridian_stats
-        start, ours_before = time.perf_counter(), stats.update_overhead_s
+        overhead = self.meridian_overhead
+        start, ours_before = time.perf_counter(), overhead.update_overhead_s
         try:
             return super().update_from_output(*args, **kwargs)
         finally:
             self._observe_step()
-            if self._timed_step is not None and not self.has_unfinished_requests():
-                self._timed_step = None  # the engine idles until the next request: no sample
-            ours = stats.update_overhead_s - ours_before
-            stats.stock_update_s += time.perf_counter() - start - ours
+            if not self.has_unfinished_requests():
+                self.meridian_policy.on_idle()  # idle until the next request: no step time
+            ours = overhead.update_overhead_s - ours_before
+            overhead.stock_update_s += time.perf_counter() - start - ours
             self._sample_overhead()
-
-    def _sample_overhead(self) -> None:
-        """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches.
-
-        A sample is Meridian's time since the previous one (ordering, gauges, token accounting,
-        tracking). Publishing a histogram sample on every step cost more than the rest of a
-        quiet step's work (cold caches after the model's forward pass), so samples are
-        published every ``OVERHEAD_SAMPLES_PER_PUBLISH`` steps and whenever the engine idles.
-        """
-        stats = self.meridian_stats
-        total = stats.schedule_overhead_s + stats.update_overhead_s
-        samples = self._overhead_samples
-        samples.append(total - self._sampled_overhead_s)
-        self._sampled_overhead_s = total
-        if len(samples) >= OVERHEAD_SAMPLES_PER_PUBLISH or not self.meridian_policy.num_tracked:
-            start = time.perf_counter()
-            try:
-                for seconds in samples:
-                    self.meridian_metrics.observe_schedule_overhead(seconds)
-            except Exception as exc:
-                self._policy_error("stat_logger", exc)
-            samples.clear()
-            # Publishing is Meridian's time too: it goes into the next sample.
-            stats.update_overhead_s += time.perf_counter() - start
 
     def _update_request_with_output(
         self, request: Any, new_token_ids: list[int], *args: Any, **kwargs: Any
@@ -278,7 +295,7 @@ class MeridianScheduler(Scheduler):
         )
         if new_token_ids:
             # Accounted once per step, in a batch (_observe_step).
-            self._step_tokens.append((request, new_token_ids))
+            self._step_tokens.append((request.request_id, new_token_ids))
         return new_token_ids, stopped
 
     def _observe_step(self) -> None:
@@ -287,32 +304,41 @@ class MeridianScheduler(Scheduler):
         if not batch:
             return
         self._step_tokens = []
-        start = time.perf_counter()
-        try:
+        with self._guarded("update_from_output"):
             self.meridian_policy.observe_many(batch, self.current_step)
-        except Exception as exc:
-            self._policy_error("update_from_output", exc)
-        self.meridian_stats.update_overhead_s += time.perf_counter() - start
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        try:
+        with self._guarded("preempt_request", request.request_id):
             blocks = -(-request.num_computed_tokens // self.block_size)
             self.meridian_policy.on_preempt(request.request_id, blocks)
-        except Exception as exc:
-            self._policy_error("preempt_request", exc, request.request_id)
         super()._preempt_request(request, *args, **kwargs)
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         # A request finishing inside update_from_output: its last tokens are in the batch.
         self._observe_step()
         result = super()._free_request(request, *args, **kwargs)
-        start = time.perf_counter()
-        try:
+        with self._guarded("free_request", request.request_id):
             self.meridian_policy.untrack(request.request_id)
-        except Exception as exc:
-            self._policy_error("free_request", exc, request.request_id)
-        self.meridian_stats.update_overhead_s += time.perf_counter() - start
         return result
+
+    def _sample_overhead(self) -> None:
+        """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches.
+
+        A sample is Meridian's time since the previous one (plans, gauges, token accounting,
+        tracking). Publishing a histogram sample on every step cost more than the rest of a
+        quiet step's work (cold caches after the model's forward pass), so samples are
+        published every ``OVERHEAD_SAMPLES_PER_PUBLISH`` steps and whenever the engine idles.
+        """
+        overhead = self.meridian_overhead
+        total = overhead.schedule_overhead_s + overhead.update_overhead_s
+        samples = self._overhead_samples
+        samples.append(total - self._sampled_overhead_s)
+        self._sampled_overhead_s = total
+        if len(samples) >= OVERHEAD_SAMPLES_PER_PUBLISH or not self.meridian_policy.num_tracked:
+            with self._guarded("stat_logger"):
+                for seconds in samples:
+                    self.meridian_metrics.observe_schedule_overhead(seconds)
+            samples.clear()
 
     def _publish_gauges(self) -> None:
         """Tracked requests, queue depths and batch sizes by phase, when one may have changed.
@@ -320,29 +346,43 @@ class MeridianScheduler(Scheduler):
         Checked once per step; most steps change none of them (they move on admissions,
         phase changes, preemptions and new plans, which bump ``meridian_policy.revision``).
         """
-        try:
-            metrics, policy = self.meridian_metrics, self.meridian_policy
-            if policy.revision == self._published_revision:
-                return
+        policy = self.meridian_policy
+        if policy.revision == self._published_revision:
+            return
+        with self._guarded("stat_logger", timed=False):
             self._published_revision = policy.revision
             depths = policy.queues.queue_depths()
             sizes = policy.queues.last_batch_sizes
             values = (policy.num_tracked, *depths.values(), *sizes.values())
             if values == self._published_gauges:
                 return
+            metrics = self.meridian_metrics
             metrics.set_tracked_requests(policy.num_tracked)
             for phase, n in depths.items():
                 metrics.set_queue_depth(phase, n)
             for phase, n in sizes.items():
                 metrics.set_batch_size(phase, n)
             self._published_gauges = values
-        except Exception as exc:
-            self._policy_error("stat_logger", exc)
 
     # -- fail open ------------------------------------------------------------------------
 
+    @contextmanager
+    def _guarded(
+        self, hook: str, request_id: str | None = None, *, timed: bool = True
+    ) -> Iterator[None]:
+        """Fail open on any exception in Meridian's work; with ``timed``, count its time as
+        update-side overhead (``schedule`` brackets its own work instead)."""
+        start = time.perf_counter()
+        try:
+            yield
+        except Exception as exc:
+            self._policy_error(hook, exc, request_id)
+        finally:
+            if timed:
+                self.meridian_overhead.update_overhead_s += time.perf_counter() - start
+
     def _policy_error(self, hook: str, exc: Exception, request_id: str | None = None) -> None:
-        self.meridian_stats.policy_errors += 1
+        self.meridian_overhead.policy_errors += 1
         try:
             self.meridian_metrics.count_policy_error(hook)
         except Exception:

@@ -4,17 +4,19 @@ The dual queue serves answer streams first and lets thinking requests fill the s
 ``think_batch_multiplier`` times the *output budget*: the rows a step can hold while its time
 stays within ``scheduler.output_tpot_budget_ms`` (an answer token per step, so the step time is
 the answer streams' inter-token latency). With ``[scheduler] output_budget_rows = "auto"`` the
-scheduler derives that budget from the steps it sees, with :class:`DecodeStepTime`:
+policy (:class:`~meridian.core.policy.MeridianPolicy`) derives that budget from the steps the
+engine runs, timed by its injected clock (wall time in vLLM, virtual time in the simulator),
+with :class:`DecodeStepTime`:
 
 - a sample is one decode-only step (every scheduled row computes one token): its row count
-  and its wall time, from the start of one ``schedule()`` to the start of the next (the
-  model's forward pass, sampling and the scheduler's own work: what an answer stream waits);
+  and its time, from one plan to the next (the model's forward pass, sampling and the
+  scheduler's own work: what an answer stream waits);
 - the model is ``t = a + b * rows``, fitted by exponentially weighted least squares (recent
   steps weigh more: the mix of context lengths drifts);
 - the budget is the largest row count whose predicted time fits; ``None`` (the whole batch, no
   deferral) while every observed batch size fits or before enough samples were seen.
 
-Pure Python, no vLLM: unit-tested with synthetic step times.
+Pure Python: unit-tested with synthetic step times.
 """
 
 from __future__ import annotations

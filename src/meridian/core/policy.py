@@ -1,0 +1,615 @@
+"""The Meridian scheduling policy: the one object that vLLM's scheduler and the simulator drive.
+
+Engine-neutral (no torch, no vllm, no wall clock of its own): an engine adapter reports what
+happens (:meth:`MeridianPolicy.track`, :meth:`~MeridianPolicy.observe_many`,
+:meth:`~MeridianPolicy.on_preempt`, :meth:`~MeridianPolicy.untrack`) and asks, before each
+step, for a :class:`Plan` over its running requests (:meth:`~MeridianPolicy.plan`). The
+adapters are :class:`meridian.vllm.scheduler.MeridianScheduler` (vLLM's real scheduler, wall
+time) and the simulator's ``meridian`` policy (:mod:`meridian.sim.policies`, virtual time);
+whatever one measures, the other ships.
+
+How one list serves two policies. An engine serves its running list from the front and, under
+KV pressure, preempts from the back (vLLM's FCFS ``running[-1]``). The plan's order is
+therefore the victim ranking reversed:
+
+1. the dual queue (:class:`~meridian.core.dual_queue.DualQueueScheduler`) plans the step: answer
+   streams and prefills first, thinking requests up to the think limit; thinking requests beyond
+   it are skipped this step (``Plan.skip``), with a starvation bound;
+2. :func:`~meridian.core.preemption.rank_victims` ranks the step's victims, at most
+   ``scheduler.preempt_max_fraction`` of the running set: thinking before answering, guarded
+   re-admissions after the others, the least computed KV first within a class;
+3. ``order = [the others, in plan order] + reversed(victims)``: the first-choice victim is last,
+   where the engine takes it. Should it need more victims than were ranked, it takes the end of
+   the plan order: thinking requests before answers.
+
+Then the answer hold covers the case ranking cannot: when no thinking request holds KV, the
+engine could make room for an answer stream only by preempting another one; the answer streams
+that need a fresh block nobody can give are skipped for a step instead (see
+:meth:`MeridianPolicy.plan`).
+
+The output budget (rows per step that keep answer streams within
+``scheduler.output_tpot_budget_ms``) is a number, the whole batch, or ``"auto"``: measured from
+the decode-only steps the engine runs, timed by the injected clock
+(:class:`~meridian.core.stepfit.DecodeStepTime`), so vLLM measures wall time and the simulator
+virtual time with the same code.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from meridian.config.schema import SchedulerConfig
+from meridian.core.budget import RequestBudget
+from meridian.core.dual_queue import DualQueueScheduler
+from meridian.core.preemption import Candidate, VictimClass, rank_victims
+from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
+from meridian.core.stepfit import DecodeStepTime
+from meridian.core.types import (
+    ExitThink,
+    ForceBudget,
+    ForceReason,
+    Phase,
+    PhaseEvent,
+    floor_fraction,
+)
+
+__all__ = [
+    "BUDGET_REFIT_STEPS",
+    "READMIT_GUARD_STEPS",
+    "EngineRequest",
+    "MeridianPolicy",
+    "Plan",
+    "PolicyListener",
+    "PolicyStats",
+    "RequestState",
+    "output_budget_setting",
+]
+
+# A request re-admitted after a preemption enters the running set during step s, after that
+# step's preemptions; the guard protects it through step s + 1, so the recompute it just paid for
+# is not thrown away at once (ADR-0008). Both engines see the re-admission at the next plan.
+READMIT_GUARD_STEPS = 2
+# With "auto", decode-step samples are folded into the fit, and the budget re-derived, in
+# batches of this many steps.
+BUDGET_REFIT_STEPS = 16
+_NO_GUARD = sys.maxsize
+
+
+def output_budget_setting(rows: int | Literal["auto"]) -> int | Literal["auto"] | None:
+    """``scheduler.output_budget_rows`` as the policy takes it: 0 is the whole batch (``None``).
+
+    >>> output_budget_setting(0) is None, output_budget_setting("auto"), output_budget_setting(8)
+    (True, 'auto', 8)
+    """
+    return "auto" if rows == "auto" else (rows or None)
+
+
+class EngineRequest(Protocol):
+    """What the policy reads of an engine's running request (vLLM's ``Request`` has it all).
+
+    ``num_computed_tokens`` are the tokens whose KV the engine holds; ``num_tokens`` is prompt
+    plus generated tokens (a decode step computes ``num_tokens - 1`` and samples one more).
+    """
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def num_computed_tokens(self) -> int: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+
+R = TypeVar("R", bound=EngineRequest)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan(Generic[R]):
+    """One step's decision over the running requests.
+
+    ``order`` is a permutation of them (serve from the front, preempt from the back); ``skip``
+    are requests the engine must not schedule this step (vLLM: ``next_decode_eligible_step``);
+    ``victims`` the ranked victims, first choice first (the tail of ``order``, reversed).
+    """
+
+    order: Sequence[R]
+    skip: list[R]
+    victims: list[R]
+
+
+class PolicyListener(Protocol):
+    """Where the policy reports what operators watch (metrics, traces); the adapter decides."""
+
+    def request_started(self, request_id: str) -> None: ...
+
+    def request_finished(self, request_id: str) -> None: ...
+
+    def phase_event(self, request_id: str, event: PhaseEvent) -> None: ...
+
+    def preempted(self, phase: Phase, num_blocks: int) -> None: ...
+
+    def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None: ...
+
+
+@dataclass(slots=True)
+class PolicyStats:
+    """What the policy counted so far (read by tests, benchmarks and reports).
+
+    ``max_answer_gap_steps`` is the largest number of steps between two consecutive answer
+    tokens of one request (1 = a token every step): a preempted or held answer stream shows here
+    as a stall. ``num_forced_inferred`` counts think phases that ended exactly at their hard cap
+    (plus the transition phrase): hard-cap forces as seen from the token stream (entropy-driven
+    forces are known only to the forcing logits processor).
+    """
+
+    num_plans: int = 0
+    num_reordered_steps: int = 0
+    num_deferred: int = 0
+    num_answer_holds: int = 0
+    num_preemptions: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
+    max_answer_gap_steps: int = 0
+    num_answer_gaps_over_2: int = 0
+    num_think_exits: int = 0
+    think_tokens_total: int = 0
+    num_forced_inferred: dict[ForceReason, int] = field(
+        default_factory=lambda: dict.fromkeys(ForceReason, 0)
+    )
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain-dict copy (enum keys become their lower-case names or values)."""
+        return {
+            "num_plans": self.num_plans,
+            "num_reordered_steps": self.num_reordered_steps,
+            "num_deferred": self.num_deferred,
+            "num_answer_holds": self.num_answer_holds,
+            "preemptions": {p.name.lower(): n for p, n in self.num_preemptions.items() if n},
+            "max_answer_gap_steps": self.max_answer_gap_steps,
+            "num_answer_gaps_over_2": self.num_answer_gaps_over_2,
+            "num_think_exits": self.num_think_exits,
+            "think_tokens_total": self.think_tokens_total,
+            "forced_inferred": {r.value: n for r, n in self.num_forced_inferred.items()},
+        }
+
+
+@dataclass(slots=True, eq=False)
+class RequestState:
+    """The policy's facts about one live request; its phase and token counts are the router's
+    (``phase_state``, read-only here), never a copy."""
+
+    request_id: str
+    phase_state: RequestPhaseState
+    cap: int | None  # the think-token cap a hard-cap force ends at (None: forcing off)
+    readmitted_step: int | None = None
+    preempted: bool = False
+
+    @property
+    def phase(self) -> Phase:
+        """The request's phase (the router's)."""
+        return self.phase_state.phase
+
+
+class MeridianPolicy:
+    """Phase tracking, step plans and victim ranking (module docstring).
+
+    Contract: ``plan`` returns a permutation of its input (the set is never changed) and skips
+    only running requests. Every tracked request is untracked by ``untrack``: ``num_tracked``
+    returns to 0 when the engine is idle. ``step`` arguments are the engine's step counter as the
+    call sees it: the number of the step about to be scheduled for ``plan``, of the step that
+    produced the tokens for ``observe_many``.
+
+    >>> from meridian.config import SchedulerConfig
+    >>> model = ReasoningModel(think_start=(7,), think_end=(8,))
+    >>> policy = MeridianPolicy(model, SchedulerConfig(), block_size=16, capacity=8)
+    >>> policy.track("a", [1, 7])
+    >>> policy.phase("a")
+    <Phase.THINK: 1>
+    """
+
+    def __init__(
+        self,
+        model: ReasoningModel,
+        config: SchedulerConfig,
+        *,
+        block_size: int,
+        capacity: int,
+        output_budget: int | Literal["auto"] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        transition_len: int = 0,
+        listener: PolicyListener | None = None,
+    ) -> None:
+        if block_size < 1 or capacity < 1:
+            raise ValueError(f"block_size and capacity must be >= 1; got {block_size}, {capacity}")
+        self.model = model
+        self.block_size = block_size
+        self.capacity = capacity
+        self.clock = clock
+        self.router = PhaseRouter(clock=clock)
+        self.queues = DualQueueScheduler(config)
+        self.preempt_max_fraction = float(config.preempt_max_fraction)
+        self.default_max_think_tokens = int(config.max_think_tokens)
+        # A forced think phase ends transition_len think tokens after its cap (the phrase).
+        self.transition_len = transition_len
+        self.listener = listener
+        self.stats = PolicyStats()
+        self._states: dict[str, RequestState] = {}
+        # The step of each answer stream's latest answer token (answer gaps).
+        self._answered: dict[str, int] = {}
+        # The output budget: measured ("auto"), fixed rows, or None (the whole batch).
+        self.output_budget: int | None = None if output_budget == "auto" else output_budget
+        self.step_time = DecodeStepTime() if output_budget == "auto" else None
+        self._output_tpot_s = float(config.output_tpot_budget_ms) / 1000.0
+        self._plan_time = 0.0
+        # (rows, start time) of the last step if it was decode-only: a step-time sample.
+        self._timed_step: tuple[int, float] | None = None
+        self._step_samples: list[tuple[int, float]] = []
+        # The fast path: while no phase changed, nobody was preempted, no re-admission guard
+        # expired, nobody joined the running set and the last plan deferred nobody, the order set
+        # last time still holds (engines only remove from and append to it). A plan that
+        # deferred requests is made again every step: their deferral counts (the starvation
+        # guard) and skips advance only in a new plan.
+        self._dirty = True
+        self._deferring = False
+        self._last_ids: frozenset[str] = frozenset()
+        self._num_ranked = 0
+        self._next_guard_expiry = _NO_GUARD
+        # Bumped whenever a gauge an adapter publishes may change (tracked count, queue depths,
+        # batch sizes): tracking, phase changes, preemptions, new plans.
+        self.revision = 0
+        # Ids in the dual queue: a C-level set beside it for the per-step membership checks.
+        self._queued: set[str] = set()
+
+    # -- tracking -------------------------------------------------------------------------
+
+    @property
+    def num_tracked(self) -> int:
+        """Requests tracked (added and not yet untracked)."""
+        return len(self._states)
+
+    def track(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int] | None,
+        output_token_ids: Sequence[int] = (),
+        budget: RequestBudget | None = None,
+    ) -> None:
+        """Start tracking a new request: its initial phase from its prompt's tail.
+
+        ``budget`` (the request's knobs) only tells which think length a hard-cap force ends
+        at, for the inferred-force counter.
+        """
+        events = self.router.start(request_id, self.model, prompt_token_ids or ())
+        if self.listener is not None:
+            self.listener.request_started(request_id)
+            for event in events:
+                self.listener.phase_event(request_id, event)
+        if budget is None:
+            cap: int | None = self.default_max_think_tokens
+        elif budget.forcing:
+            cap = budget.max_think_tokens or self.default_max_think_tokens
+        else:
+            cap = None
+        self._states[request_id] = RequestState(request_id, self.router.state(request_id), cap)
+        self.revision += 1
+        if output_token_ids:
+            self.router.observe(request_id, list(output_token_ids))
+
+    def untrack(self, request_id: str) -> None:
+        """Forget a finished or aborted request. Unknown ids are ignored."""
+        self.revision += 1
+        if self.router.finish(request_id) is not None and self.listener is not None:
+            self.listener.request_finished(request_id)
+        self.queues.remove(request_id)
+        self._queued.discard(request_id)
+        self._states.pop(request_id, None)
+        self._answered.pop(request_id, None)
+
+    def phase(self, request_id: str) -> Phase:
+        """The tracked phase of a live request."""
+        return self.router.phase(request_id)
+
+    def state(self, request_id: str) -> RequestState:
+        """The live state of a tracked request (read-only for callers)."""
+        return self._states[request_id]
+
+    # -- tokens -----------------------------------------------------------------------------
+
+    def observe_many(self, batch: Iterable[tuple[str, Sequence[int]]], step: int) -> None:
+        """Account every ``(request id, new token ids)`` of one engine step.
+
+        The per-step hot path. An answer stream that got its previous token in the step before
+        costs one look-up (the common case); thinking requests go through the router in one
+        batch; only deltas that end a think phase, first tokens (PREFILL) and answer streams back
+        from a stall take the per-request path. Answer tokens are not fed to the router: a phase
+        never changes once a request answers. A request not tracked does not stop the others:
+        the batch is applied, then ``KeyError`` names it.
+        """
+        prev = step - 1
+        answered = self._answered
+        rest: list[tuple[str, Sequence[int]]] = []
+        hits = 0
+        for rid, toks in batch:
+            if answered.get(rid) == prev:
+                answered[rid] = step
+                hits += 1
+            else:
+                rest.append((rid, toks))
+        if hits and not self.stats.max_answer_gap_steps:
+            self.stats.max_answer_gap_steps = 1
+        if rest:
+            self._observe_rest(rest, step)
+
+    def _observe_rest(self, rest: list[tuple[str, Sequence[int]]], step: int) -> None:
+        """``observe_many`` beyond its common case."""
+        think = Phase.THINK
+        rids: list[str] = []
+        deltas: list[Sequence[int]] = []
+        others: list[tuple[str, Sequence[int]]] = []
+        unknown: list[str] = []
+        stats, answered, states = self.stats, self._answered, self._states
+        for rid, toks in rest:
+            state = states.get(rid)
+            if state is None:
+                unknown.append(rid)
+                continue
+            last = answered.get(rid)
+            if last is not None:
+                # An answer stream after a gap of more than one step (a stall).
+                gap = step - last
+                stats.max_answer_gap_steps = max(stats.max_answer_gap_steps, gap)
+                stats.num_answer_gaps_over_2 += gap > 2
+                answered[rid] = step
+            elif state.phase is think:
+                rids.append(rid)
+                deltas.append(toks)
+            elif state.phase is Phase.OUTPUT:
+                # Its think phase ended with the previous delta; these are its first answers.
+                answered[rid] = step
+            else:
+                others.append((rid, toks))
+        if rids:
+            for rid, events in zip(rids, self.router.observe_many(rids, deltas), strict=True):
+                if events:
+                    self._after_events(rid, events, step)
+        for rid, toks in others:
+            self._after_events(rid, self.router.observe(rid, toks), step)
+        if unknown:
+            raise KeyError(f"tokens for requests Meridian does not track: {unknown}")
+
+    def _after_events(self, rid: str, events: Sequence[PhaseEvent], step: int) -> None:
+        """Phase events of a non-answering request's delta: stats, listener, rank, first answer.
+
+        Called for every PREFILL request's delta (PREFILL -> OUTPUT emits no event but changes
+        the request's rank) and for thinking requests whose delta had events.
+        """
+        listener = self.listener
+        for event in events:
+            if isinstance(event, ExitThink):
+                self._on_think_exit(rid, event)
+            if listener is not None:
+                listener.phase_event(rid, event)
+        state = self._states[rid]
+        if state.phase is not Phase.PREFILL:
+            # The phase changed (or it left PREFILL on this delta's first token).
+            self._dirty = True
+            self.revision += 1
+            if rid in self._queued:
+                self.queues.set_phase(rid, state.phase)
+        if state.phase_state.num_output_tokens:
+            # Its first answer tokens (a delta can end the think phase and start the answer).
+            self._answered[rid] = step
+
+    def _on_think_exit(self, rid: str, event: ExitThink) -> None:
+        stats = self.stats
+        stats.num_think_exits += 1
+        stats.think_tokens_total += event.think_tokens
+        cap = self._states[rid].cap
+        forced = cap is not None and event.think_tokens == cap + self.transition_len
+        if forced:
+            stats.num_forced_inferred[ForceReason.HARD_CAP] += 1
+            if self.listener is not None:
+                self.listener.phase_event(rid, ForceBudget(rid, ForceReason.HARD_CAP))
+        if self.listener is not None:
+            self.listener.think_ended(event.think_tokens, forced)
+
+    def on_preempt(self, request_id: str, num_blocks: int = 0) -> Phase:
+        """Count a preemption by the request's phase (it leaves the dual queue); returns it.
+
+        ``num_blocks`` (the KV blocks the preemption frees) goes to the listener.
+        """
+        state = self._states[request_id]
+        phase = state.phase
+        self.stats.num_preemptions[phase] += 1
+        if self.listener is not None:
+            self.listener.preempted(phase, num_blocks)
+        state.preempted = True
+        self.revision += 1
+        self.queues.remove(request_id)
+        self._queued.discard(request_id)
+        self._dirty = True
+        return phase
+
+    # -- step time --------------------------------------------------------------------------
+
+    def on_step(self, num_rows: int, num_tokens: int) -> None:
+        """The engine scheduled the planned step: ``num_rows`` rows computing ``num_tokens``.
+
+        A decode-only step (one token per row) is timed until the next ``plan``: its duration is
+        what an answer stream waits between tokens, a sample of the output-budget fit.
+        """
+        if self.step_time is not None:
+            decode_only = num_rows > 0 and num_tokens == num_rows
+            self._timed_step = (num_rows, self._plan_time) if decode_only else None
+
+    def on_idle(self) -> None:
+        """The engine has nothing to run: the time until the next step is no step's time."""
+        self._timed_step = None
+
+    def _sample_step_time(self, now: float) -> None:
+        timed = self._timed_step
+        if timed is None:
+            return
+        self._timed_step = None
+        self._step_samples.append((timed[0], now - timed[1]))
+        if len(self._step_samples) >= BUDGET_REFIT_STEPS:
+            self._refit_output_budget()
+
+    def _refit_output_budget(self) -> None:
+        """Fold the collected samples into the fit and derive the output budget."""
+        samples, self._step_samples = self._step_samples, []
+        step_time = self.step_time
+        if step_time is None:
+            return
+        for rows, seconds in samples:
+            if seconds > 0.0:
+                step_time.observe(rows, seconds)
+        self.set_output_budget(step_time.rows_within(self._output_tpot_s, self.capacity))
+
+    def set_output_budget(self, rows: int | None) -> None:
+        """Change the output budget (rows; ``None``: the whole batch); the next step re-plans."""
+        if rows != self.output_budget:
+            self.output_budget = rows
+            self._dirty = True
+
+    # -- the plan -----------------------------------------------------------------------------
+
+    def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
+        """The plan of the coming step over ``running`` (module docstring).
+
+        ``num_free_blocks`` is the engine's free KV block count. Steps where nothing that matters
+        changed keep the previous order and return ``running`` itself as the order
+        (``stats.num_reordered_steps`` counts the others).
+        """
+        now_time = self.clock()
+        self._sample_step_time(now_time)
+        self._plan_time = now_time
+        self.stats.num_plans += 1
+        if len(running) < 2:
+            order: Sequence[R] = running
+            skip: list[R] = []
+        elif (
+            self._dirty
+            or self._deferring
+            or step >= self._next_guard_expiry
+            # Engines append every request they admit and otherwise only remove, so a
+            # newcomer, if any, is last: checking the tail avoids touching every request.
+            or len(running) > len(self._last_ids)
+            or running[-1].request_id not in self._last_ids
+        ):
+            order, skip = self._full_order(running, step)
+        else:
+            order, skip = running, []
+        num_ranked = min(self._num_ranked, len(order))
+        victims = [order[-1 - i] for i in range(num_ranked)]
+        held = self._hold_answers(order, num_free_blocks)
+        if held:
+            skip = skip + held if skip else held
+        return Plan(order, skip, victims)
+
+    def _full_order(self, running: Sequence[R], step: int) -> tuple[list[R], list[R]]:
+        queues, queued, states = self.queues, self._queued, self._states
+        by_id = {r.request_id: r for r in running}
+        if len(queued) != len(by_id) or not queued.issuperset(by_id):
+            for rid in queued - by_id.keys():
+                queues.remove(rid)
+                queued.discard(rid)
+            # New and re-admitted requests, in the engine's order (the order it admitted them).
+            for request in running:
+                if request.request_id not in queued:
+                    self._admit(request.request_id, step)
+        plan = queues.schedule(
+            capacity=max(self.capacity, len(by_id)), output_budget=self.output_budget
+        )
+        skip = [by_id[rid] for rid in plan.deferred if states[rid].phase is Phase.THINK]
+        self.stats.num_deferred += len(skip)
+        planned = plan.served + plan.deferred if plan.deferred else plan.served
+        guard_expiry = _NO_GUARD
+        candidates: list[Candidate] = []
+        for rid in planned:
+            state = states[rid]
+            readmitted = state.readmitted_step
+            guarded = readmitted is not None and step - readmitted < READMIT_GUARD_STEPS
+            if guarded:
+                assert readmitted is not None
+                guard_expiry = min(guard_expiry, readmitted + READMIT_GUARD_STEPS)
+            victim_class = VictimClass.of(state.phase, guarded=guarded)
+            candidates.append(Candidate(rid, victim_class, by_id[rid].num_computed_tokens))
+        max_victims = max(1, floor_fraction(self.preempt_max_fraction, len(by_id)))
+        victims = rank_victims(candidates, max_victims=max_victims)
+        ranked = {v.request_id for v in victims}
+        order = [by_id[rid] for rid in planned if rid not in ranked]
+        order.extend(by_id[v.request_id] for v in reversed(victims))
+        if len(order) != len(by_id):
+            raise AssertionError(f"ordered {len(order)} of {len(by_id)} running requests")
+        self._num_ranked = len(victims)
+        self._next_guard_expiry = guard_expiry
+        self._dirty = False
+        self._deferring = bool(plan.deferred)
+        self.revision += 1
+        self._last_ids = frozenset(by_id)
+        self.stats.num_reordered_steps += 1
+        return order, skip
+
+    def _admit(self, rid: str, step: int) -> None:
+        """A request joined the running set (new, or back after a preemption)."""
+        state = self._states[rid]
+        if state.preempted:
+            # It re-entered the running set during the previous step.
+            state.preempted = False
+            state.readmitted_step = step - 1
+        self.queues.add(rid, state.phase)
+        self._queued.add(rid)
+
+    def _hold_answers(self, order: Sequence[R], num_free_blocks: int) -> list[R]:
+        """Answer streams to skip this step because they need a KV block nobody can give.
+
+        When no thinking request holds KV, the engine could make room for an answer stream only
+        by preempting another one, by recompute: that one stalls until re-admitted and then
+        recomputes its prompt, reasoning and answer so far. Holding the streams that need a
+        fresh block for one step instead (the newest first) costs the same wait without the
+        recompute, and each keeps its KV. Never all of them: if every running request were
+        held, nothing could finish and free blocks, so the engine preempts as usual.
+        NOTE: Meridian's addition on top of ADR-0008's last resort.
+        """
+        if num_free_blocks >= len(order):
+            return []  # even if every request needed a block, there is one for each
+        states, block_size = self._states, self.block_size
+        needy: list[R] = []
+        for request in order:
+            computed = request.num_computed_tokens
+            if states[request.request_id].phase is not Phase.OUTPUT:
+                if computed > 0:
+                    return []  # a thinking request holds KV: it is preempted, as planned
+                continue
+            # A decode step writes position `computed`; at a block boundary it opens a block.
+            if request.num_tokens - computed == 1 and computed % block_size == 0:
+                needy.append(request)
+        surplus = len(needy) - num_free_blocks
+        if surplus <= 0 or surplus >= len(order):
+            return []
+        self.stats.num_answer_holds += surplus
+        return needy[-surplus:]
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant, if any.
+
+        The router and the dual queue check themselves; every queued request is tracked, and
+        the router and the state table hold the same requests.
+        """
+        self.router.check_integrity()
+        self.queues.check_integrity()
+        if self.router.tracked_requests != len(self._states):
+            raise AssertionError(
+                f"router tracks {self.router.tracked_requests}, table {len(self._states)}"
+            )
+        for rid, state in self._states.items():
+            if self.router.state(rid) is not state.phase_state:
+                raise AssertionError(f"{rid!r}: the state's phase is not the router's")
+        if len(self.queues) > len(self._states):
+            raise AssertionError(f"{len(self.queues)} queued but {len(self._states)} tracked")
+        if len(self._queued) != len(self.queues) or any(r not in self.queues for r in self._queued):
+            raise AssertionError("the queued-id set differs from the dual queue")

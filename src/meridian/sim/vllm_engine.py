@@ -1,0 +1,398 @@
+# mypy: disable-error-code="import-not-found,no-any-unimported,misc"
+"""vLLM's own scheduler on virtual time: ``meridian bench sim --engine vllm``.
+
+The engine here is vLLM's real v1 ``Scheduler`` (or ``AsyncScheduler``) with its KV cache
+manager, prefix caching and chunked prefill; only the model is missing. A fake runner turns
+each ``SchedulerOutput`` into a ``ModelRunnerOutput`` whose sampled ids come from each
+request's stream (:mod:`meridian.sim.streams`: think tokens, ``</think>``, answer, EOS, forcing
+already applied), and a virtual clock advances by the step-time model. Baselines run vLLM's own
+classes (FCFS, priority); Meridian runs its shipped ``MeridianScheduler``; Pascal runs the same
+adapter over :class:`~meridian.sim.policies.PascalPolicy`.
+
+How the engine core drives a scheduler is mirrored from ``vllm/v1/engine/core.py``: ``step``
+(schedule, execute, update) when scheduling is synchronous; ``step_with_batch_queue`` with a
+queue of two when asynchronous (step ``k + 1`` is scheduled while step ``k`` runs, so the
+scheduler learns step ``k``'s tokens one step late and may schedule one step past an in-flight
+EOS: the runner returns a throw-away token for such a row, which vLLM drops).
+
+Virtual time: a step runs on the (virtual) device for the step model's time of its batch; steps
+run back to back; a token reaches the user when its step ends. Arrivals join the scheduler when
+the engine core would next see them (before the next ``schedule()`` call).
+
+This module imports vLLM and is used from the vLLM environment (``.venv-vllm``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from meridian.config.schema import MeridianConfig
+from meridian.core.types import Phase
+from meridian.sim.engine import EngineConfig, SimulationError
+from meridian.sim.policies import PascalPolicy, PolicySpec, SchedulerKind
+from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
+from meridian.sim.steptime import BatchShape, StepTimeModel
+from meridian.sim.streams import EOS_ID, SIM_MODEL, Stream
+from meridian.vllm.runtime import MeridianRuntime
+from meridian.vllm.scheduler import MeridianAsyncScheduler, MeridianScheduler
+
+ENGINE_NAME = "vllm"
+# The model directory's context limit: longer than any simulated request.
+MAX_MODEL_LEN = 131072
+# Consecutive steps that schedule nothing, with nothing else to wait for: a deadlock.
+MAX_EMPTY_STEPS = 1000
+
+
+class PascalScheduler(MeridianScheduler):
+    """vLLM's scheduler over Pascal's plan (the same thin adapter as Meridian's)."""
+
+    policy_class = PascalPolicy
+
+
+class PascalAsyncScheduler(PascalScheduler, AsyncScheduler):
+    """:class:`PascalScheduler` for asynchronous scheduling."""
+
+
+_CLASSES: dict[SchedulerKind, tuple[type[Scheduler], type[Scheduler]]] = {
+    SchedulerKind.FCFS: (Scheduler, AsyncScheduler),
+    SchedulerKind.PRIORITY: (Scheduler, AsyncScheduler),
+    SchedulerKind.MERIDIAN: (MeridianScheduler, MeridianAsyncScheduler),
+    SchedulerKind.PASCAL: (PascalScheduler, PascalAsyncScheduler),
+}
+
+
+def model_directory(root: Path) -> Path:
+    """A model directory vLLM's config accepts: ``config.json`` only (no weights, no
+    tokenizer; the scheduler needs neither). Shapes do not matter to scheduling."""
+    path = root / "sim-model"
+    path.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": MAX_MODEL_LEN,
+        "vocab_size": 151936,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "eos_token_id": EOS_ID,
+    }
+    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def build_vllm_config(config: EngineConfig, model_dir: Path, *, priority: bool) -> VllmConfig:
+    """vLLM's config for ``config``'s engine shape, on the CPU device (the scheduler runs
+    anywhere). The block size is set explicitly: left unset, the CPU platform would pick 128."""
+    model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN)
+    scheduler = SchedulerConfig(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=MAX_MODEL_LEN,
+        is_encoder_decoder=False,
+        policy="priority" if priority else "fcfs",
+    )
+    cache = CacheConfig(
+        block_size=config.block_size_tokens, enable_prefix_caching=config.enable_prefix_caching
+    )
+    vllm_config = VllmConfig(
+        model_config=model,
+        scheduler_config=scheduler,
+        cache_config=cache,
+        device_config=DeviceConfig(device="cpu"),
+    )
+    vllm_config.cache_config.num_gpu_blocks = config.num_kv_blocks
+    return vllm_config
+
+
+def kv_cache_config(config: EngineConfig) -> KVCacheConfig:
+    """One full-attention group of ``num_kv_blocks`` blocks (the scheduler never touches the
+    tensors, so none are described)."""
+    spec = FullAttentionSpec(
+        block_size=config.block_size_tokens, num_kv_heads=8, head_size=128, dtype=torch.bfloat16
+    )
+    return KVCacheConfig(
+        num_blocks=config.num_kv_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+    )
+
+
+@dataclass(slots=True)
+class _Live:
+    """The runner's view of one request: what it generated, and the work done for it."""
+
+    stream: Stream
+    record: RequestRecord
+    generated: int = 0
+    num_scheduled_tokens: int = 0
+    num_wasted_tokens: int = 0  # scheduled past an in-flight EOS (asynchronous scheduling)
+
+
+@dataclass(slots=True)
+class _Step:
+    """One scheduled step: its output, sampled tokens and the time it ends on the device."""
+
+    output: Any
+    runner_output: ModelRunnerOutput
+    tokens: list[tuple[_Live, int]]
+    end_ns: int = 0
+    index: int = 0
+
+
+@dataclass(slots=True)
+class VllmEngine:
+    """Runs one policy's streams through vLLM's scheduler (module docstring)."""
+
+    config: EngineConfig
+    step_model: StepTimeModel
+    spec: PolicySpec
+    meridian_config: MeridianConfig
+    output_itl_ns: int
+    sample_every_steps: int = 4
+    on_progress: Callable[[int], None] | None = None
+    now_ns: int = 0
+    counters: RunCounters = field(default_factory=RunCounters)
+    samples: list[TimeSample] = field(default_factory=list)
+    _live: dict[str, _Live] = field(default_factory=dict)
+    _num_finished: int = 0
+    _num_steps: int = 0
+
+    def run(self, streams: Sequence[Stream]) -> SimResult:
+        """Serve every stream to completion."""
+        with tempfile.TemporaryDirectory(prefix="meridian-vllm-") as tmp:
+            scheduler = self._scheduler(model_directory(Path(tmp)))
+            hasher = None
+            if self.config.enable_prefix_caching:
+                hash_fn = get_hash_fn_by_name(
+                    scheduler.vllm_config.cache_config.prefix_caching_hash_algo
+                )
+                init_none_hash(hash_fn)
+                hasher = get_request_block_hasher(self.config.block_size_tokens, hash_fn)
+            records = self._drive(scheduler, streams, hasher)
+        paced = self.spec.scheduler is SchedulerKind.PASCAL
+        return SimResult.of_run(
+            policy=self.spec.name,
+            engine=ENGINE_NAME,
+            num_kv_blocks=self.config.num_kv_blocks,
+            records=records,
+            samples=self.samples,
+            counters=self.counters,
+            now_ns=self.now_ns,
+            delivery_pace_ns=self.output_itl_ns if paced else None,
+        )
+
+    def _scheduler(self, model_dir: Path) -> Scheduler:
+        kind = self.spec.scheduler
+        vllm_config = build_vllm_config(
+            self.config, model_dir, priority=kind is SchedulerKind.PRIORITY
+        )
+        cls = _CLASSES[kind][int(self.config.async_scheduling)]
+        kwargs: dict[str, Any] = {}
+        if issubclass(cls, MeridianScheduler):
+            kwargs["meridian_runtime"] = MeridianRuntime(
+                self.meridian_config, None, "sim", SIM_MODEL, None, "the simulator's streams"
+            )
+            kwargs["meridian_clock"] = lambda: self.now_ns / 1e9
+        return cls(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache_config(self.config),
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=self.config.block_size_tokens,
+            log_stats=False,
+            **kwargs,
+        )
+
+    # -- the engine core's loop ------------------------------------------------------------
+
+    def _drive(self, scheduler: Scheduler, streams: Sequence[Stream], hasher: Any) -> list[Any]:
+        arrivals = sorted(streams, key=lambda s: (s.spec.arrival_ns, s.request_id))
+        times = [s.spec.arrival_ns for s in arrivals]
+        records = {s.request_id: RequestRecord.for_stream(s) for s in streams}
+        next_arrival = 0
+        queue: deque[_Step] = deque()
+        device_free_ns = 0
+        num_empty = 0
+        depth = 2 if self.config.async_scheduling else 1
+
+        def admit_until(time_ns: int) -> int:
+            nonlocal next_arrival
+            end = bisect_right(times, time_ns, lo=next_arrival)
+            for stream in arrivals[next_arrival:end]:
+                self._add(scheduler, stream, records[stream.request_id], hasher)
+            next_arrival = end
+            return end
+
+        while next_arrival < len(arrivals) or scheduler.has_requests() or queue:
+            admit_until(self.now_ns)
+            if not scheduler.has_requests() and not queue:
+                self.now_ns = times[next_arrival]  # idle until the next arrival
+                continue
+            if scheduler.has_requests():
+                step = self._schedule(scheduler, max(self.now_ns, device_free_ns))
+                device_free_ns = step.end_ns
+                num_empty = (
+                    0 if step.tokens or step.output.total_num_scheduled_tokens else (num_empty + 1)
+                )
+                if num_empty > MAX_EMPTY_STEPS:
+                    raise SimulationError(
+                        f"the scheduler scheduled nothing {num_empty} times in a row "
+                        f"({len(scheduler.running)} running, {len(scheduler.waiting)} waiting)"
+                    )
+                queue.appendleft(step)
+                if len(queue) < depth and step.output.total_num_scheduled_tokens:
+                    continue
+            done = queue.pop()
+            self.now_ns = max(self.now_ns, done.end_ns)
+            self._deliver(done)
+            scheduler.update_from_output(done.output, done.runner_output)
+            if not scheduler.has_requests() and next_arrival < len(arrivals):
+                self.now_ns = max(self.now_ns, times[next_arrival])
+        return [records[s.request_id] for s in streams]
+
+    def _add(
+        self, scheduler: Scheduler, stream: Stream, record: RequestRecord, hasher: Any
+    ) -> None:
+        params = SamplingParams(max_tokens=stream.num_output_tokens + 1024)
+        params.update_from_generation_config({}, EOS_ID)
+        index = len(self._live)
+        request = Request(
+            request_id=stream.request_id,
+            prompt_token_ids=stream.prompt_token_ids(index),
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=stream.spec.arrival_ns / 1e9,
+            priority=1 if stream.is_reasoning else 0,
+            block_hasher=hasher,
+        )
+        self._live[stream.request_id] = _Live(stream, record)
+        scheduler.add_request(request)
+
+    def _schedule(self, scheduler: Scheduler, start_ns: int) -> _Step:
+        """Schedule one step at ``start_ns`` and run the fake model on it."""
+        now_before = self.now_ns
+        self.now_ns = start_ns
+        output = scheduler.schedule()
+        self.now_ns = max(now_before, self.now_ns)
+        for rid in output.preempted_req_ids:
+            request = scheduler.requests.get(rid)
+            live = self._live[rid]
+            delivered = len(request.output_token_ids) if request is not None else live.generated
+            stream = live.stream
+            phase = (
+                Phase.THINK
+                if stream.is_reasoning and delivered <= stream.num_think
+                else Phase.OUTPUT
+            )
+            self.counters.on_preempt(phase)
+            live.record.on_preempt(phase)
+        req_ids = list(output.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        tokens: list[tuple[_Live, int]] = []
+        num_prefill = num_decode = kv_read = 0
+        for rid in req_ids:
+            n = output.num_scheduled_tokens[rid]
+            request = scheduler.requests[rid]
+            live = self._live[rid]
+            live.num_scheduled_tokens += n
+            computed = request.num_computed_tokens  # after this step's tokens
+            kv_read += computed
+            if n == 1 and computed - 1 >= request.num_prompt_tokens:
+                num_decode += 1
+            else:
+                num_prefill += n
+            if request.is_prefill_chunk:
+                sampled.append([])
+            elif live.generated >= live.stream.num_output_tokens:
+                live.num_wasted_tokens += n
+                sampled.append([EOS_ID])  # past an in-flight EOS: vLLM drops it
+            else:
+                token = live.stream.token_at(live.generated)
+                live.generated += 1
+                sampled.append([token])
+                tokens.append((live, token))
+        runner_output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+        duration = 1
+        if req_ids:
+            shape = BatchShape(num_prefill, num_decode, kv_read, len(req_ids))
+            duration = max(1, self.step_model.step_time_ns(shape))
+            self.counters.num_steps += 1
+            self.counters.num_scheduled_rows += len(req_ids)
+            self.counters.num_scheduled_tokens += output.total_num_scheduled_tokens
+        step = _Step(output, runner_output, tokens, start_ns + duration, self._num_steps)
+        if req_ids:
+            self._num_steps += 1
+            if step.index % self.sample_every_steps == 0:
+                self._sample(scheduler, start_ns)
+        return step
+
+    def _deliver(self, step: _Step) -> None:
+        """The step ended: its tokens reach the user; finished requests are accounted."""
+        for live, token in step.tokens:
+            record = live.record
+            record.on_token(token, step.end_ns, step.index)
+            if live.generated == live.stream.num_output_tokens and token == EOS_ID:
+                self._finish(live, step.end_ns)
+
+    def _finish(self, live: _Live, now_ns: int) -> None:
+        record = live.record
+        record.finish_ns = now_ns
+        final_tokens = live.stream.spec.num_prompt_tokens + live.stream.num_output_tokens
+        # Work beyond computing each token once (the last one is sampled, never computed).
+        recomputed = live.num_scheduled_tokens - live.num_wasted_tokens - (final_tokens - 1)
+        record.num_recomputed_tokens = recomputed
+        self.counters.num_recomputed_tokens += recomputed
+        self._num_finished += 1
+        if self.on_progress is not None:
+            self.on_progress(self._num_finished)
+
+    def _sample(self, scheduler: Scheduler, time_ns: int) -> None:
+        pool = scheduler.kv_cache_manager.block_pool
+        block_size = self.config.block_size_tokens
+        think_blocks = queue_think = 0
+        for request in scheduler.running:
+            stream = self._live[request.request_id].stream
+            if stream.is_reasoning and len(request.output_token_ids) <= stream.num_think:
+                queue_think += 1
+                think_blocks += -(-request.num_computed_tokens // block_size)
+        num_running = len(scheduler.running)
+        self.samples.append(
+            TimeSample(
+                time_ns=time_ns,
+                num_kv_blocks_used=pool.num_gpu_blocks - 1 - pool.get_num_free_blocks(),
+                num_kv_blocks_think=think_blocks,
+                num_running=num_running,
+                num_waiting=len(scheduler.waiting),
+                queue_output=num_running - queue_think,
+                queue_think=queue_think,
+            )
+        )

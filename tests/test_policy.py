@@ -1,0 +1,373 @@
+"""The one Meridian policy (``meridian.core.policy``), engine-neutral: plans, victims, holds,
+deferral, the re-admission guard, the measured output budget, and the counters.
+
+The same object runs inside vLLM's scheduler (tests/vllm_e2e) and the fast engine
+(tests/test_sim_engine.py); here it is driven directly, as an engine adapter would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meridian.config import MeridianConfig, SchedulerConfig
+from meridian.core.budget import RequestBudget
+from meridian.core.policy import (
+    BUDGET_REFIT_STEPS,
+    READMIT_GUARD_STEPS,
+    MeridianPolicy,
+    output_budget_setting,
+)
+from meridian.core.router import ReasoningModel
+from meridian.core.types import EnterThink, ExitThink, ForceBudget, ForceReason, Phase, PhaseEvent
+
+START, END = 3, 4
+MODEL = ReasoningModel(think_start=(START,), think_end=(END,))
+THINK_PROMPT = [10, 11, START]
+PLAIN_PROMPT = [10, 11, 12]
+
+
+@dataclass
+class FakeRequest:
+    """What the policy reads of an engine's request (vLLM's names)."""
+
+    request_id: str
+    prompt: list[int]
+    output: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def emit(self, policy: MeridianPolicy, token: int, step: int) -> None:
+        """One decode step: the token is computed next step, as in vLLM."""
+        self.num_computed_tokens = self.num_tokens
+        self.output.append(token)
+        policy.observe_many([(self.request_id, [token])], step)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_policy(**kw: Any) -> MeridianPolicy:
+    return MeridianPolicy(MODEL, SchedulerConfig(), block_size=4, capacity=64, **kw)
+
+
+def admitted(policy: MeridianPolicy, rid: str, prompt: list[int], **kw: Any) -> FakeRequest:
+    r = FakeRequest(rid, prompt, num_computed_tokens=len(prompt))
+    policy.track(rid, prompt, **kw)
+    return r
+
+
+def ids(requests: Any) -> list[str]:
+    return [r.request_id for r in requests]
+
+
+def test_answers_first_and_newest_think_last() -> None:
+    policy = make_policy()
+    t1 = admitted(policy, "t1", THINK_PROMPT)
+    o1 = admitted(policy, "o1", THINK_PROMPT)
+    t2 = admitted(policy, "t2", THINK_PROMPT)
+    o2 = admitted(policy, "o2", PLAIN_PROMPT)
+    o1.emit(policy, END, 1)  # o1 leaves its think phase
+    o2.emit(policy, 9, 1)  # o2 never thinks: a plain answer
+    assert policy.phase("o2") is Phase.OUTPUT
+    plan = policy.plan([t1, o1, t2, o2], step=2, num_free_blocks=10)
+    assert ids(plan.order) == ["o1", "o2", "t1", "t2"]
+    assert ids(plan.victims) == ["t2"]  # 25 % of 4 running: one ranked victim, last in order
+    assert plan.skip == []
+    policy.check_integrity()
+
+
+def test_the_think_requests_with_the_least_work_are_the_first_victims() -> None:
+    # vLLM recomputes a victim's KV: the cheapest thinking requests go last (first victims),
+    # whatever their age; answer streams stay in front. 8 running: 2 ranked victims (25 %).
+    policy = make_policy()
+    names = ("t1", "t2", "t3", "t4", "t5", "t6", "o1", "o2")
+    reqs = [admitted(policy, rid, THINK_PROMPT) for rid in names]
+    for r in reqs[6:]:
+        r.emit(policy, END, 1)
+    for r, computed in zip(reqs, (40, 7, 90, 60, 12, 80, 5, 3), strict=True):
+        r.num_computed_tokens = computed
+    plan = policy.plan(reqs, step=2, num_free_blocks=10)
+    order = ids(plan.order)
+    assert order[:2] == ["o1", "o2"]
+    assert order[-2:] == ["t5", "t2"]  # 12 then 7 computed tokens: t2 is the first victim
+    assert order[2:6] == ["t1", "t3", "t4", "t6"]  # the others keep plan order
+    assert ids(plan.victims) == ["t2", "t5"]
+
+
+def test_requests_without_kv_go_first() -> None:
+    policy = make_policy()
+    t1 = admitted(policy, "t1", THINK_PROMPT)
+    fresh = FakeRequest("new", THINK_PROMPT)  # not computed yet: holds no KV
+    policy.track("new", THINK_PROMPT)
+    assert ids(policy.plan([t1, fresh], step=1, num_free_blocks=10).order) == ["new", "t1"]
+
+
+def test_a_readmitted_think_request_is_guarded_for_one_plan() -> None:
+    policy = make_policy()
+    t1, t2, t3 = (admitted(policy, f"t{i}", THINK_PROMPT) for i in (1, 2, 3))
+    assert ids(policy.plan([t1, t2, t3], step=1, num_free_blocks=10).order)[-1] == "t3"
+    assert policy.on_preempt("t3", num_blocks=1) is Phase.THINK
+    assert policy.stats.num_preemptions[Phase.THINK] == 1
+    # t3 re-entered the running set during step 5; the plan of step 6 sees it.
+    assert ids(policy.plan([t1, t2, t3], step=6, num_free_blocks=10).order)[-1] == "t2"
+    assert policy.state("t3").readmitted_step == 5
+    later = policy.plan([t1, t2, t3], step=5 + READMIT_GUARD_STEPS, num_free_blocks=10)
+    assert ids(later.order)[-1] == "t3", "the guard expired"
+
+
+def test_surplus_think_requests_are_skipped_one_step() -> None:
+    policy = make_policy(output_budget=1)  # think limit floor(2.5 * 1) = 2
+    o1 = admitted(policy, "o1", PLAIN_PROMPT)
+    o1.emit(policy, 9, 1)
+    thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(4)]
+    plan = policy.plan([o1, *thinks], step=2, num_free_blocks=10)
+    assert ids(plan.skip) == ["t2", "t3"]
+    assert policy.stats.num_deferred == 2
+
+
+def test_the_order_is_planned_again_only_while_the_plan_defers() -> None:
+    policy = make_policy(output_budget=1)  # think limit floor(2.5 * 1) = 2
+    thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(3)]
+    policy.plan(thinks, step=1, num_free_blocks=10)
+    assert policy.stats.num_reordered_steps == 1 and policy.stats.num_deferred == 1
+    policy.plan(thinks, step=2, num_free_blocks=10)  # t2 is deferred again: a new plan
+    assert policy.stats.num_reordered_steps == 2 and policy.stats.num_deferred == 2
+    policy.untrack("t2")
+    policy.plan(thinks[:2], step=3, num_free_blocks=10)  # both fit: nobody deferred
+    assert policy.stats.num_reordered_steps == 3 and policy.stats.num_deferred == 2
+    plan = policy.plan(thinks[:2], step=4, num_free_blocks=10)
+    assert ids(plan.order) == ["t0", "t1"]
+    assert policy.stats.num_reordered_steps == 3, "nothing changed: the fast path"
+
+
+def test_answer_streams_hold_rather_than_preempt_each_other() -> None:
+    policy = make_policy()
+    answers = [admitted(policy, f"o{i}", PLAIN_PROMPT) for i in range(4)]
+    for r in answers:
+        r.emit(policy, 9, 1)  # computed 3 tokens, 4 in total: a decode at a block boundary
+        r.num_computed_tokens = 4
+        r.output.append(9)
+        policy.observe_many([(r.request_id, [9])], 2)
+    answers[0].num_computed_tokens = 3  # this one still has room in its block
+    answers[0].output.pop()
+    plan = policy.plan(answers, step=3, num_free_blocks=1)
+    assert ids(plan.skip) == ["o2", "o3"] and policy.stats.num_answer_holds == 2
+    # With a thinking request holding KV, it is preempted instead: nothing is held.
+    t = admitted(policy, "t", THINK_PROMPT)
+    assert policy.plan([*answers, t], step=4, num_free_blocks=0).skip == []
+
+
+def test_answer_gaps_and_inferred_caps() -> None:
+    policy = make_policy()
+    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    for step, token in [(1, 7), (2, 7), (3, END), (4, 9), (5, 9), (9, 9)]:
+        r.emit(policy, token, step)
+    stats = policy.stats
+    assert stats.max_answer_gap_steps == 4 and stats.num_answer_gaps_over_2 == 1
+    assert stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert stats.think_tokens_total == 2 and stats.num_think_exits == 1
+    policy.untrack("r")
+    assert policy.num_tracked == 0
+    policy.check_integrity()
+
+
+def test_inferred_caps_count_the_transition_phrase_and_forcing_off_never_counts() -> None:
+    policy = make_policy(transition_len=2)
+    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    for step, token in enumerate([7, 7, 20, 21, END, 9], start=1):
+        r.emit(policy, token, step)
+    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.think_tokens_total == 4
+    off = admitted(policy, "off", THINK_PROMPT, budget=RequestBudget(forcing=False))
+    for step, token in enumerate([7, 7, 20, 21, END], start=10):
+        off.emit(policy, token, step)
+    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+
+
+def test_tokens_of_an_untracked_request_are_named_after_the_batch() -> None:
+    policy = make_policy()
+    r = admitted(policy, "r", PLAIN_PROMPT)
+    with pytest.raises(KeyError, match="ghost"):
+        policy.observe_many([("ghost", [9]), ("r", [9])], 1)
+    assert policy.state("r").phase_state.num_output_tokens == 1
+    del r
+
+
+class Recording:
+    """A listener that writes down what the policy reports."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.preemptions: list[tuple[Phase, int]] = []
+        self.think_ends: list[tuple[int, bool]] = []
+
+    def request_started(self, request_id: str) -> None:
+        self.log.append(("start", request_id))
+
+    def request_finished(self, request_id: str) -> None:
+        self.log.append(("finish", request_id))
+
+    def phase_event(self, request_id: str, event: PhaseEvent) -> None:
+        self.log.append((type(event).__name__, request_id))
+
+    def preempted(self, phase: Phase, num_blocks: int) -> None:
+        self.preemptions.append((phase, num_blocks))
+
+    def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
+        self.think_ends.append((num_think_tokens, hard_cap))
+
+
+def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> None:
+    listener = Recording()
+    policy = make_policy(listener=listener)
+    r = admitted(policy, "r", THINK_PROMPT)
+    for step, token in [(1, 7), (2, END), (3, 9)]:
+        r.emit(policy, token, step)
+    policy.on_preempt("r", num_blocks=3)
+    policy.untrack("r")
+    policy.untrack("r")  # idempotent: one finish only
+    assert listener.log == [
+        ("start", "r"),
+        (EnterThink.__name__, "r"),
+        (ExitThink.__name__, "r"),
+        ("finish", "r"),
+    ]
+    assert listener.preemptions == [(Phase.OUTPUT, 3)]
+    assert listener.think_ends == [(1, False)]
+    capped = admitted(policy, "c", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    for step, token in [(4, 7), (5, 7), (6, END)]:
+        capped.emit(policy, token, step)
+    assert [name for name, rid in listener.log if rid == "c"][-2:] == [
+        ForceBudget.__name__,
+        ExitThink.__name__,
+    ]
+    assert listener.think_ends[-1] == (2, True)
+
+
+# -- the measured output budget through the injected clock --------------------------------
+
+
+def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
+    clock = Clock()
+    policy = make_policy(output_budget="auto", clock=clock)
+    assert policy.output_budget is None and policy.step_time is not None
+    thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(8)]
+    step = 0
+    # Decode-only steps of 8 rows that take 40 ms against a 20 ms budget (time proportional
+    # to rows at one batch size): after enough samples the budget is 4 rows.
+    for _ in range(32 + BUDGET_REFIT_STEPS):
+        step += 1
+        policy.plan(thinks, step, num_free_blocks=100)
+        policy.on_step(num_rows=8, num_tokens=8)
+        clock.now += 0.040
+    policy.plan(thinks, step + 1, num_free_blocks=100)
+    assert policy.output_budget == 4
+    # A prefill step is not a sample, nor is the time spent idle: were either folded in (5 s,
+    # 60 s for 8 rows), the proportional fit would cap the budget at 1 row.
+    step += 1
+    policy.plan(thinks, step, num_free_blocks=100)
+    policy.on_step(num_rows=8, num_tokens=500)
+    clock.now += 5.0
+    step += 1
+    policy.plan(thinks, step, num_free_blocks=100)
+    policy.on_step(num_rows=8, num_tokens=8)
+    policy.on_idle()
+    clock.now += 60.0
+    for _ in range(BUDGET_REFIT_STEPS + 1):
+        step += 1
+        policy.plan(thinks, step, num_free_blocks=100)
+        policy.on_step(num_rows=8, num_tokens=8)
+        clock.now += 0.040
+    policy.plan(thinks, step + 1, num_free_blocks=100)
+    assert policy.output_budget == 4
+
+
+def test_a_new_output_budget_replans_the_next_step() -> None:
+    policy = make_policy(output_budget=None)
+    reqs = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(6)]
+    policy.plan(reqs, 1, 100)
+    assert policy.stats.num_deferred == 0
+    before = policy.stats.num_reordered_steps
+    policy.plan(reqs, 2, 100)
+    assert policy.stats.num_reordered_steps == before  # nothing changed: the order is reused
+    policy.set_output_budget(1)  # think limit: floor(2.5 * 1) = 2 of 6 thinking requests
+    plan = policy.plan(reqs, 3, 100)
+    assert policy.stats.num_reordered_steps == before + 1 and len(plan.skip) == 4
+
+
+def test_output_budget_setting() -> None:
+    assert output_budget_setting(0) is None  # 0: the whole batch, no deferral
+    assert output_budget_setting(48) == 48
+    assert output_budget_setting("auto") == "auto"
+    assert SchedulerConfig().output_budget_rows == "auto"
+
+
+def test_config_defaults_are_usable() -> None:
+    cfg = MeridianConfig()
+    policy = MeridianPolicy(MODEL, cfg.scheduler, block_size=16, capacity=8)
+    assert policy.output_budget is None and policy.step_time is None
+    with pytest.raises(ValueError, match="block_size and capacity"):
+        MeridianPolicy(MODEL, cfg.scheduler, block_size=0, capacity=8)
+
+
+# -- properties ---------------------------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 30)), min_size=1, max_size=80),
+    st.one_of(st.none(), st.integers(1, 4)),
+)
+def test_plan_properties(ops: list[tuple[int, int]], output_budget: int | None) -> None:
+    """Random add/decode/preempt/readmit/finish, with and without deferral: the order is a
+    permutation, every answer stream holding KV comes before every thinking request holding KV,
+    the engine's victim (the last one holding KV) is not an answer stream while anything else
+    is, skips are running requests and never all of them, and tracking drains to 0."""
+    policy = make_policy(output_budget=output_budget)
+    running: list[FakeRequest] = []
+    waiting: list[FakeRequest] = []
+    for step, (op, arg) in enumerate(ops, start=1):
+        if op == 0 or not running:
+            r = admitted(policy, f"r{step}", THINK_PROMPT if arg % 3 else PLAIN_PROMPT)
+            running.append(r)
+        elif op in (1, 2):
+            r = running[arg % len(running)]
+            r.emit(policy, END if arg % 4 == 0 else 7, step)
+        elif op == 3:
+            victim = running.pop()
+            policy.on_preempt(victim.request_id)
+            victim.num_computed_tokens = 0
+            waiting.append(victim)
+        elif op == 4 and waiting:
+            back = waiting.pop(0)
+            back.num_computed_tokens = back.num_tokens
+            running.append(back)
+        else:
+            r = running.pop(arg % len(running))
+            policy.untrack(r.request_id)
+        plan = policy.plan(running, step=step, num_free_blocks=arg % 3)
+        assert sorted(ids(plan.order)) == sorted(ids(running))
+        kv_phases = [policy.phase(r.request_id) for r in plan.order if r.num_computed_tokens > 0]
+        first_think = next((i for i, p in enumerate(kv_phases) if p is Phase.THINK), None)
+        if first_think is not None:
+            assert Phase.OUTPUT not in kv_phases[first_think:]
+            assert kv_phases[-1] is not Phase.OUTPUT, "a thinking request is the first victim"
+        assert set(ids(plan.skip)) <= set(ids(running))
+        assert len(plan.skip) < max(len(running), 1) or not running
+        running[:] = plan.order
+        policy.check_integrity()
+    for r in running + waiting:
+        policy.untrack(r.request_id)
+    assert policy.num_tracked == 0 and len(policy.queues) == 0

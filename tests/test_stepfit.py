@@ -1,0 +1,74 @@
+"""The output budget's step-time fit (``meridian.core.stepfit``), on synthetic step times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from meridian.core.stepfit import DecodeStepTime
+
+
+def _fed(samples: list[tuple[int, float]], **kw: Any) -> DecodeStepTime:
+    model = DecodeStepTime(**kw)
+    for rows, seconds in samples:
+        model.observe(rows, seconds)
+    return model
+
+
+def test_step_time_fit_recovers_a_linear_model() -> None:
+    # t = 2 ms + 0.1 ms per row, rows cycling 10..80.
+    samples = [(r, 0.002 + 0.0001 * r) for r in range(10, 81, 10)] * 6
+    model = _fed(samples)
+    fitted = model.fit()
+    assert fitted is not None
+    assert fitted[0] == pytest.approx(0.002) and fitted[1] == pytest.approx(0.0001)
+    # 20 ms fits (20 - 2) / 0.1 = 180 rows, more than were ever seen: no cap.
+    assert model.rows_within(0.020, 256) is None
+    # 6 ms fits 40 rows (batches of up to 80 were seen, at 10 ms).
+    assert model.rows_within(0.006, 256) == 40
+    # Never below 1 row; no cap when the largest possible batch (max_rows) fits.
+    assert model.rows_within(0.0001, 256) == 1
+    assert model.rows_within(0.006, 30) is None
+
+
+def test_step_time_needs_samples_and_uses_proportion_for_one_batch_size() -> None:
+    assert _fed([(64, 0.04)] * 31).rows_within(0.02, 256) is None  # too few samples yet
+    model = _fed([(64, 0.04)] * 32)
+    assert model.fit() == pytest.approx((0.0, 0.04 / 64))
+    assert model.rows_within(0.02, 256) == 32  # half the time: half the rows
+    assert _fed([(64, 0.01)] * 32).rows_within(0.02, 256) is None  # it fits already
+
+
+def test_step_time_without_a_positive_slope_is_read_as_proportional() -> None:
+    # Fixed cost dominating, noise makes small batches look slower: no evidence that rows cost
+    # time, so the conservative reading (time proportional to rows) decides, and an
+    # unmeetable budget caps at 1 row instead of flipping to "no cap" on a noisy slope.
+    model = _fed([(8, 0.0030), (3, 0.0031)] * 20)
+    assert model.fit() == pytest.approx((0.0, 0.00305 * 2 / 11), rel=0.05)
+    assert model.rows_within(1e-6, 256) == 1
+    assert _fed([(8, 0.0030), (3, 0.0031)] * 20).rows_within(0.020, 256) is None
+    # A line through negative time at zero rows is no physical model either.
+    steep = _fed([(r, 0.001 * r - 0.002) for r in (4, 6, 8)] * 12)
+    assert steep.fit() == pytest.approx((0.0, 0.004 / 6), rel=0.05)
+
+
+def test_step_time_follows_a_change_in_speed() -> None:
+    slow = [(r, 0.0002 * r) for r in (20, 40, 60, 80)] * 10
+    fast = [(r, 0.00005 * r) for r in (20, 40, 60, 80)] * 40
+    model = _fed(slow)
+    assert model.rows_within(0.008, 256) == 40
+    for rows, seconds in fast:
+        model.observe(rows, seconds)
+    assert model.rows_within(0.008, 256) is None  # 80 rows now take 4 ms
+
+
+def test_step_time_rejects_bad_samples_and_settings() -> None:
+    with pytest.raises(ValueError, match="rows >= 1 and a positive time"):
+        DecodeStepTime().observe(0, 0.01)
+    with pytest.raises(ValueError, match="rows >= 1 and a positive time"):
+        DecodeStepTime().observe(4, float("nan"))
+    with pytest.raises(ValueError, match="decay must be in"):
+        DecodeStepTime(decay=1.0)
+    with pytest.raises(ValueError, match="min_samples must be"):
+        DecodeStepTime(min_samples=1)

