@@ -33,6 +33,7 @@ NOT_METRICS = frozenset(
         "meridian_max_think_tokens",
         "meridian_num_tracked",
         "meridian_stats",
+        "meridian_overhead",
         "meridian_metrics",
     }
 )

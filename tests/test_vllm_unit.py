@@ -1,4 +1,4 @@
-"""The vLLM integration's pure parts, without vLLM: knobs, model resolution, forcing, ordering."""
+"""The vLLM integration's pure parts, without vLLM: knobs, model resolution, forcing, serve."""
 
 from __future__ import annotations
 

@@ -168,14 +168,15 @@ HEADER = (
 
 def render_markdown(report: FidelityReport) -> str:
     """``fidelity.md``."""
+    caching = "on" if report.enable_prefix_caching else "off"
     lines = [
         "# Fidelity: the fast engine model against vLLM's scheduler",
         "",
         f"Workload `{report.workload}`, {fmt(report.arrival_rate)} requests/s for "
         f"{fmt(report.duration_s)} s, seed {report.seed}; `{report.hardware}` / "
-        f"`{report.model}` step times; max_num_seqs {report.max_num_seqs}, "
-        f"max_num_batched_tokens {report.max_num_batched_tokens}, {report.num_kv_blocks} KV "
-        f"blocks, prefix caching {'on' if report.enable_prefix_caching else 'off'}, synchronous "
+        f"`{report.model}` step times; max_num_seqs {fmt(report.max_num_seqs)}, "
+        f"max_num_batched_tokens {fmt(report.max_num_batched_tokens)}, "
+        f"{fmt(report.num_kv_blocks)} KV blocks, prefix caching {caching}, synchronous "
         "scheduling on both engines.",
         "",
         f"Targets: {report.targets}.",

@@ -114,12 +114,18 @@ class Plan(Generic[R]):
 
     ``order`` is a permutation of them (serve from the front, preempt from the back); ``skip``
     are requests the engine must not schedule this step (vLLM: ``next_decode_eligible_step``);
-    ``victims`` the ranked victims, first choice first (the tail of ``order``, reversed).
+    the last ``num_ranked`` of ``order`` are the ranked victims (:attr:`victims`).
     """
 
     order: Sequence[R]
     skip: list[R]
-    victims: list[R]
+    num_ranked: int
+
+    @property
+    def victims(self) -> list[R]:
+        """The ranked victims, first choice first (the tail of ``order``, reversed)."""
+        order = self.order
+        return [order[-1 - i] for i in range(min(self.num_ranked, len(order)))]
 
 
 class PolicyListener(Protocol):
@@ -503,12 +509,10 @@ class MeridianPolicy:
             order, skip = self._full_order(running, step)
         else:
             order, skip = running, []
-        num_ranked = min(self._num_ranked, len(order))
-        victims = [order[-1 - i] for i in range(num_ranked)]
         held = self._hold_answers(order, num_free_blocks)
         if held:
             skip = skip + held if skip else held
-        return Plan(order, skip, victims)
+        return Plan(order, skip, self._num_ranked)
 
     def _full_order(self, running: Sequence[R], step: int) -> tuple[list[R], list[R]]:
         queues, queued, states = self.queues, self._queued, self._states

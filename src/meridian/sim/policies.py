@@ -151,7 +151,7 @@ class PascalPolicy(MeridianPolicy):
         if any(a is not b for a, b in zip(high + low, running, strict=True)):
             order = high + low
             self.stats.num_reordered_steps += 1
-        return Plan(order, [], low[::-1])
+        return Plan(order, [], len(low))
 
 
 class _CorePolicy(SimPolicy):

@@ -1,0 +1,97 @@
+"""``meridian bench fidelity``: the fast engine model against vLLM's own scheduler."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from meridian.bench.fidelity import HEADER, FidelityReport, render_markdown, table_rows
+from meridian.bench.fidelity import compare as compare_engines
+from meridian.bench.report import to_json
+from meridian.bench.simrun import (
+    StreamSet,
+    engine_config_for,
+    load_requests,
+    run_policy,
+    step_model_for,
+)
+from meridian.cli.common import (
+    check_args,
+    check_workload_args,
+    make_console,
+    make_progress,
+    require_vllm,
+    run_spec,
+)
+from meridian.config import load_config
+from meridian.errors import MeridianError
+
+
+def run_fidelity_cmd(args: argparse.Namespace) -> int:
+    """Both engines, every policy; the fidelity table, reports, and 1 when a target is missed."""
+    check_workload_args(args)
+    check_args(args)
+    if not args.arrival_rate > 0:
+        raise MeridianError(f"--arrival-rate must be > 0; got {args.arrival_rate}")
+    spec = run_spec(args, load_config(args.config).config, engine="vllm", async_scheduling=False)
+    require_vllm("vllm")
+    requests = load_requests(spec, args.arrival_rate)
+    streams = StreamSet(requests, spec.config)
+    engine_config, step_model = engine_config_for(spec), step_model_for(spec)
+    console = make_console()
+    rows = []
+    with make_progress(console) as progress:
+        for policy in spec.policy_specs:
+            results = {}
+            for engine in ("model", "vllm"):
+                task = progress.add_task(f"{policy.name} on {engine}", total=len(requests))
+
+                def advance(done: int, task: Any = task) -> None:
+                    progress.update(task, completed=done)
+
+                results[engine] = run_policy(
+                    spec,
+                    policy,
+                    streams,
+                    advance,
+                    engine_config=engine_config,
+                    step_model=step_model,
+                    engine=engine,
+                )
+            rows.append(compare_engines(results["model"], results["vllm"]))
+    report = FidelityReport(
+        workload=Path(args.workload).name,
+        arrival_rate=args.arrival_rate,
+        duration_s=args.duration_s,
+        seed=args.seed,
+        hardware=args.hardware,
+        model=args.model,
+        max_num_seqs=engine_config.max_num_seqs,
+        max_num_batched_tokens=engine_config.max_num_batched_tokens,
+        num_kv_blocks=engine_config.num_kv_blocks,
+        enable_prefix_caching=engine_config.enable_prefix_caching,
+        rows=rows,
+    )
+    out: Path = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fidelity.json").write_text(to_json(report), encoding="utf-8", newline="")
+    (out / "fidelity.md").write_text(render_markdown(report), encoding="utf-8", newline="")
+    _print_fidelity(console, report)
+    console.print(f"wrote fidelity.json and fidelity.md under {out}/")
+    return 0 if report.passed else 1
+
+
+def _print_fidelity(console: Console, report: Any) -> None:
+    table = Table(
+        title=f"fidelity: {report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}"
+    )
+    for i, title in enumerate(HEADER):
+        table.add_column(title, justify="left" if i == 0 else "right")
+    for cells in table_rows(report.rows):
+        table.add_row(*(c.strip("`") for c in cells))
+    console.print(table)
+    console.print(f"targets: {report.targets}")
