@@ -294,6 +294,23 @@ def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
     assert policy.output_budget == 4
 
 
+def test_a_budget_no_batch_can_meet_defers_nothing() -> None:
+    """A large model on a slow device: 25 ms per step before the first row, against a 20 ms
+    budget. No row count meets it, so the policy must not hold thinking requests back (that
+    would only slow reasoning; a fixed cap of 1 row once collapsed throughput this way)."""
+    clock = Clock()
+    policy = make_policy(output_budget="auto", clock=clock)
+    thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(8)]
+    for step in range(1, 3 * BUDGET_REFIT_STEPS + 40):
+        rows = 2 + step % 7
+        plan = policy.plan(thinks, step, num_free_blocks=100)
+        assert plan.skip == []
+        policy.on_step(num_rows=rows, num_tokens=rows)
+        clock.now += 0.025 + 0.0001 * rows
+    assert policy.step_time is not None and policy.step_time.num_samples >= 32
+    assert policy.output_budget is None and policy.stats.num_deferred == 0
+
+
 def test_a_new_output_budget_replans_the_next_step() -> None:
     policy = make_policy(output_budget=None)
     reqs = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(6)]

@@ -27,9 +27,12 @@ def test_step_time_fit_recovers_a_linear_model() -> None:
     assert model.rows_within(0.020, 256) is None
     # 6 ms fits 40 rows (batches of up to 80 were seen, at 10 ms).
     assert model.rows_within(0.006, 256) == 40
-    # Never below 1 row; no cap when the largest possible batch (max_rows) fits.
-    assert model.rows_within(0.0001, 256) == 1
+    # 2.1 ms fits exactly one row; no cap when the largest possible batch (max_rows) fits.
+    assert model.rows_within(0.0021, 256) == 1
     assert model.rows_within(0.006, 30) is None
+    # 0.1 ms: the 2 ms per step alone is over the budget, so no batch size can meet it and
+    # holding rows back would only slow reasoning: no cap.
+    assert model.rows_within(0.0001, 256) is None
 
 
 def test_step_time_needs_samples_and_uses_proportion_for_one_batch_size() -> None:
@@ -42,11 +45,13 @@ def test_step_time_needs_samples_and_uses_proportion_for_one_batch_size() -> Non
 
 def test_step_time_without_a_positive_slope_is_read_as_proportional() -> None:
     # Fixed cost dominating, noise makes small batches look slower: no evidence that rows cost
-    # time, so the conservative reading (time proportional to rows) decides, and an
-    # unmeetable budget caps at 1 row instead of flipping to "no cap" on a noisy slope.
+    # time, so the conservative reading (time proportional to rows) decides: a budget between
+    # one row's and the largest batch's time caps the rows (it does not flip to "no cap" with
+    # the sign of a noisy slope); a budget not even one row meets gives no cap.
     model = _fed([(8, 0.0030), (3, 0.0031)] * 20)
     assert model.fit() == pytest.approx((0.0, 0.00305 * 2 / 11), rel=0.05)
-    assert model.rows_within(1e-6, 256) == 1
+    assert model.rows_within(0.0015, 256) == 2
+    assert model.rows_within(1e-6, 256) is None
     assert _fed([(8, 0.0030), (3, 0.0031)] * 20).rows_within(0.020, 256) is None
     # A line through negative time at zero rows is no physical model either.
     steep = _fed([(r, 0.001 * r - 0.002) for r in (4, 6, 8)] * 12)

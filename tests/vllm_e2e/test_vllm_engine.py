@@ -178,15 +178,15 @@ def test_preemption_by_phase(engine: Any, chat_prompt: Prompt) -> None:
     timed("preemption by phase", start)
 
 
-def test_measured_output_budget_defers_thinking_requests(
+def test_an_output_budget_defers_thinking_requests(
     engine: Any, chat_prompt: Prompt, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """output_budget_rows = "auto" (the default): with an output TPOT budget no step can meet,
-    the measured budget drops to 1 row, thinking requests beyond 2.5 rows are deferred, and
-    greedy outputs stay token-identical to stock vLLM's."""
+    """An output budget of one row (the config's output_budget_rows): thinking requests beyond
+    floor(2.5 x 1) per step are skipped through next_decode_eligible_step, and greedy outputs
+    stay token-identical to stock vLLM's."""
     start = time.perf_counter()
     config = tmp_path / "meridian.toml"
-    config.write_text("[scheduler]\noutput_tpot_budget_ms = 0.001\n")
+    config.write_text("[scheduler]\noutput_budget_rows = 1\n")
     prompts = [chat_prompt(i) for i in range(8)]
     params = greedy(120, meridian_forcing="off")
     with engine(meridian=False) as llm:
@@ -195,12 +195,31 @@ def test_measured_output_budget_defers_thinking_requests(
     with engine(meridian=True) as llm:
         ours = token_ids(llm.generate(prompts, params, use_tqdm=False))
         scheduler = scheduler_of(llm)
-        assert scheduler.meridian_policy.step_time.num_samples >= 32
         assert scheduler.meridian_policy.output_budget == 1
         assert scheduler.meridian_stats.num_deferred > 0
         assert scheduler.meridian_overhead.policy_errors == 0
     assert ours == stock
-    timed("measured output budget", start)
+    timed("output budget", start)
+
+
+def test_a_measured_budget_no_step_can_meet_defers_nothing(
+    engine: Any, chat_prompt: Prompt, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """output_budget_rows = "auto" (the default) with an output TPOT budget below one row's step
+    time: no batch size can meet it, so the measured budget stays "no cap" and nothing is
+    deferred (deferring would slow reasoning without helping any answer stream)."""
+    start = time.perf_counter()
+    config = tmp_path / "meridian.toml"
+    config.write_text("[scheduler]\noutput_tpot_budget_ms = 0.001\n")
+    monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
+    prompts = [chat_prompt(i) for i in range(8)]
+    with engine(meridian=True) as llm:
+        llm.generate(prompts, greedy(120, meridian_forcing="off"), use_tqdm=False)
+        scheduler = scheduler_of(llm)
+        assert scheduler.meridian_policy.step_time.num_samples >= 32
+        assert scheduler.meridian_policy.output_budget is None
+        assert scheduler.meridian_stats.num_deferred == 0
+    timed("unmeetable measured budget", start)
 
 
 def test_bad_request_args_fail_that_request_only(engine: Any, chat_prompt: Prompt) -> None:

@@ -14,7 +14,8 @@ with :class:`DecodeStepTime`:
 - the model is ``t = a + b * rows``, fitted by exponentially weighted least squares (recent
   steps weigh more: the mix of context lengths drifts);
 - the budget is the largest row count whose predicted time fits; ``None`` (the whole batch, no
-  deferral) while every observed batch size fits or before enough samples were seen.
+  deferral) while every observed batch size fits, before enough samples were seen, and when not
+  even one row fits (no cap could help then).
 
 Pure Python: unit-tested with synthetic step times.
 """
@@ -82,18 +83,21 @@ class DecodeStepTime:
         return 0.0, mean_y / mean_x
 
     def rows_within(self, budget_s: float, max_rows: int) -> int | None:
-        """The most rows whose step fits ``budget_s``, at least 1; ``None`` when no cap is due.
+        """The most rows whose step fits ``budget_s``; ``None`` when no cap is due.
 
-        ``None`` (serve the whole batch) before enough samples, and while the fitted time of the
-        largest batch seen (or ``max_rows``, if smaller) fits the budget: the budget never binds
-        on evidence the steps have not shown.
+        ``None`` (serve the whole batch) before enough samples; while the fitted time of the
+        largest batch seen (or ``max_rows``, if smaller) fits the budget (the budget never binds
+        on evidence the steps have not shown); and when not even one row fits it: then no batch
+        size meets the budget, so holding rows back would slow reasoning without bringing any
+        step under the budget (a large model whose weights alone take longer to read than the
+        budget, on this hardware).
         """
         fitted = self.fit()
         if fitted is None:
             return None
         a, b = fitted
         largest = min(max(self._max_rows, 1), max_rows)
-        if a + b * largest <= budget_s:
+        if a + b * largest <= budget_s or a + b > budget_s:
             return None
         # floor((budget - a) / b) without float noise: (6 ms - 2 ms) / 0.1 ms is 40 rows.
-        return max(1, min(max_rows, floor_fraction((budget_s - a) / b, 1)))
+        return min(max_rows, floor_fraction((budget_s - a) / b, 1))
