@@ -93,6 +93,18 @@ ADVICE: dict[str, str] = {
         "if the fit wanders on a noisy host (it never binds before 32 decode steps were seen); "
         "0 turns deferral off. $MERIDIAN_OUTPUT_BUDGET_ROWS overrides it."
     ),
+    "scheduler.admission": (
+        'Leave "headroom": it holds nothing until 32 requests have finished (it learns their '
+        "lengths), then admits only what the cache is expected to hold at the running set's "
+        "peak, keeping 5 % in reserve. Under overload that turns preemption and recompute into "
+        'queueing (docs/adr/0013). "vllm" restores stock admission, e.g. when request lengths '
+        "swing so fast that the last 1,024 finished requests say little about the next ones."
+    ),
+    "scheduler.answer_pace_ms": (
+        "Leave 0. Pacing frees little on vLLM (answer rows are a small share of a step) and "
+        "keeps answer streams, with their KV, in the cache longer; measured as a loss in "
+        "docs/adr/0013. It exists to reproduce that measurement."
+    ),
     "scheduler.preempt_max_fraction": (
         "Caps the work one step can throw away under KV pressure. Lower it if throughput collapses "
         "in bursts of preemptions (recompute storms); raise toward 1.0 only if a step stalls "

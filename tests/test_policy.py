@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meridian.config import MeridianConfig, SchedulerConfig
 from meridian.core.budget import RequestBudget
+from meridian.core.headroom import MIN_SAMPLES
 from meridian.core.policy import (
     BUDGET_REFIT_STEPS,
     READMIT_GUARD_STEPS,
@@ -388,3 +390,59 @@ def test_plan_properties(ops: list[tuple[int, int]], output_budget: int | None) 
     for r in running + waiting:
         policy.untrack(r.request_id)
     assert policy.num_tracked == 0 and len(policy.queues) == 0
+
+
+def _teach(policy: MeridianPolicy, n: int, num_output_tokens: int | None) -> None:
+    """``n`` chat requests that finished (or, with ``None``, were aborted)."""
+    for i in range(n):
+        policy.track(f"done{i}", PLAIN_PROMPT)
+        policy.untrack(f"done{i}", num_output_tokens)
+
+
+def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for() -> None:
+    policy = make_policy(admission="headroom")  # block size 4
+    waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT) for i in range(5)]
+    _teach(policy, MIN_SAMPLES, None)  # aborted requests teach nothing
+    assert policy.admissions([], waiting, 40) is None
+    _teach(policy, MIN_SAMPLES, 40)
+    # Each newcomer is expected to grow from 3 to 43 tokens: about 11 blocks at its peak, and
+    # 40 blocks less the reserve hold 3 of them.
+    assert policy.admissions([], waiting, 40) == 3
+    assert policy.stats.num_admissions_held == 1
+    # Running requests take their share: one that has generated 20 of its 40 tokens holds 23
+    # and is projected from its bucket's lower edge (here 0: every sample is 40 long), up to
+    # 62 tokens, 16 blocks; 50 blocks less the reserve hold it and 2 newcomers.
+    r = admitted(policy, "r", PLAIN_PROMPT)
+    for step in range(20):
+        r.emit(policy, 9, step + 1)
+    assert policy.admissions([r], waiting, 50) == 2
+    assert policy.admissions([r], waiting, 400) == 5
+    assert policy.stats.num_admissions_held == 2
+    assert make_policy(admission="vllm").admissions([], waiting, 40) is None
+
+
+def test_paced_answer_streams_skip_steps_but_keep_their_pace() -> None:
+    clock = Clock()
+    config = SchedulerConfig(answer_pace_ms=40.0)
+    policy = MeridianPolicy(MODEL, config, block_size=4, capacity=64, clock=clock)
+    answers = [admitted(policy, f"o{i}", PLAIN_PROMPT) for i in range(2)]
+    think = admitted(policy, "t", THINK_PROMPT)
+    times: dict[str, list[float]] = {r.request_id: [] for r in answers}
+    served_think = 0
+    for step in range(1, 200):
+        clock.now += 0.010  # 10 ms steps
+        plan = policy.plan([*answers, think], step, num_free_blocks=100)
+        skipped = {r.request_id for r in plan.skip}
+        assert "t" not in skipped and len(skipped) < 3
+        for r in answers:
+            if r.request_id not in skipped:
+                r.emit(policy, 9, step)
+                times[r.request_id].append(clock.now)
+        served_think += 1
+        think.emit(policy, 7, step)
+    assert policy.stats.num_paced > 0
+    for stamps in times.values():
+        gaps = np.diff(stamps[5:])  # once the mean step time has settled
+        assert gaps.max() <= 0.040 + 1e-9, "a paced stream fell behind its pace"
+        assert gaps.mean() > 0.015, "pacing skipped nothing"
+    assert served_think == 199

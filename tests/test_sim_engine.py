@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meridian.config import MeridianConfig
+from meridian.config import MeridianConfig, SchedulerConfig
 from meridian.core.types import Phase
 from meridian.sim.engine import Engine, EngineConfig, SimulationError
 from meridian.sim.policies import DEFAULT_POLICIES, PolicySpec, make_sim_policy, parse_policy
@@ -86,6 +86,7 @@ def run(
     blocks: int = 400,
     seqs: int = 64,
     prefix_caching: bool = True,
+    config: MeridianConfig = CONFIG,
 ) -> tuple[Engine, SimResult]:
     spec = parse_policy(policy)
     engine = Engine(
@@ -96,7 +97,7 @@ def run(
             enable_prefix_caching=prefix_caching,
         ),
         LinearStepTime(),
-        make_sim_policy(spec, CONFIG, ITL_NS),
+        make_sim_policy(spec, config, ITL_NS),
     )
     return engine, engine.run(streams_for(spec, specs))
 
@@ -217,6 +218,24 @@ def test_under_pressure_meridian_preempts_think_before_answers() -> None:
     assert fcfs.counters.preemptions_by_phase.get(Phase.OUTPUT, 0) > 0
     assert meridian.counters.preemptions_by_phase.get(Phase.OUTPUT, 0) == 0
     assert meridian.counters.preemptions_by_phase.get(Phase.THINK, 0) > 0
+
+
+def test_headroom_admission_turns_preemption_into_queueing() -> None:
+    specs = make_specs(300, seed=7, gap_s=0.01)
+    stock = MeridianConfig(scheduler=SchedulerConfig(admission="vllm"))
+    plain, unheld = run("meridian-sched", specs, blocks=250, seqs=32, config=stock)
+    engine, held = run("meridian-sched", specs, blocks=250, seqs=32)
+    assert all(r.finished for r in held.records)
+    assert engine.policy.core.stats.num_admissions_held > 0  # type: ignore[attr-defined]
+    assert plain.policy.core.stats.num_admissions_held == 0  # type: ignore[attr-defined]
+    before = sum(unheld.counters.preemptions_by_phase.values())
+    after = sum(held.counters.preemptions_by_phase.values())
+    print(
+        f"preemptions {before} -> {after}; recomputed tokens "
+        f"{unheld.counters.num_recomputed_tokens} -> {held.counters.num_recomputed_tokens}"
+    )
+    assert after < before / 2
+    assert held.counters.num_recomputed_tokens < unheld.counters.num_recomputed_tokens
 
 
 def test_pascal_preempts_answers_first_and_paces_their_delivery() -> None:

@@ -36,7 +36,8 @@ from meridian.bench.simrun import (
     step_model_for,
 )
 from meridian.cli import main
-from meridian.config import MeridianConfig
+from meridian.config import MeridianConfig, SchedulerConfig
+from meridian.core.headroom import MIN_SAMPLES
 from meridian.core.types import Phase
 from meridian.sim.engine import EngineConfig
 from meridian.sim.policies import DEFAULT_POLICIES, parse_policy
@@ -117,6 +118,28 @@ def test_meridian_preempts_no_answer_stream_where_stock_does() -> None:
     assert meridian.counters.preemptions_by_phase.get(Phase.OUTPUT, 0) == 0
 
 
+def test_headroom_admission_through_vllms_scheduler_cuts_preemption_and_recompute() -> None:
+    spec = dataclasses.replace(SMALL, duration_s=8.0)
+    stock_admission = MeridianConfig(scheduler=SchedulerConfig(admission="vllm"))
+    requests = load_requests(spec, spec.arrival_rate)
+    streams = StreamSet(requests, spec.config)
+    config = squeezed(spec, 1200)
+    runs = {
+        name: run_policy(dataclasses.replace(spec, config=cfg), parse_policy("meridian"), streams,
+                         engine_config=config)
+        for name, cfg in (("vllm", stock_admission), ("headroom", spec.config))
+    }  # fmt: skip
+    for result in runs.values():
+        assert all(r.finished for r in result.records)
+    unheld, held = (runs[k].counters for k in ("vllm", "headroom"))
+    print(
+        f"preemptions {unheld.preemptions_by_phase} -> {held.preemptions_by_phase}; recomputed "
+        f"{unheld.num_recomputed_tokens} -> {held.num_recomputed_tokens}"
+    )
+    assert sum(held.preemptions_by_phase.values()) < 0.8 * sum(unheld.preemptions_by_phase.values())
+    assert held.num_recomputed_tokens < unheld.num_recomputed_tokens
+
+
 def _workload(seed: int, n: int) -> list[RequestSpec]:
     rng = np.random.default_rng(seed)
     specs, t = [], 0
@@ -160,7 +183,8 @@ def test_one_policy_two_adapters_property(
         max_num_batched_tokens=batched,
         max_num_seqs=seqs,
     )
-    requests = _workload(seed, 25)
+    # Enough requests finish (MIN_SAMPLES) for headroom admission to start holding.
+    requests = _workload(seed, 25 + MIN_SAMPLES if policy == "meridian-sched" else 25)
     model, vllm = run_both(spec, policy, config, requests)
     assert model.counters.num_steps == vllm.counters.num_steps
     assert model.counters.preemptions_by_phase == vllm.counters.preemptions_by_phase

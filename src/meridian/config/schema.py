@@ -57,6 +57,7 @@ _U64P_V, _U64P = _interval(1, None, lo_open=False, hi_open=True)
 _U32P_V, _U32P = _interval(1, U32_MAX, lo_open=False, hi_open=False)
 
 PosFloat = Annotated[float, _POS_V]
+NonNegFloat = Annotated[float, _U64_V]
 AtLeastOneFloat = Annotated[float, _GE1_V]
 AboveOneFloat = Annotated[float, _GT1_V]
 UnitOpenClosed = Annotated[float, _UNIT_OC_V]
@@ -121,6 +122,19 @@ class SchedulerConfig(_Section):
         "vLLM scheduler measures (no deferral until a step is over budget); 0: the whole batch "
         "(no deferral). The simulator derives it from its step-time model.",
         '"auto" or [0, inf)',
+    )
+    admission: Literal["headroom", "vllm"] = _field(
+        "headroom",
+        '"headroom": start a waiting request only while the running requests\' KV, grown as '
+        "requests like them grew, still fits the cache (fewer preemptions and less recompute "
+        'under load); "vllm": vLLM\'s own admission (whenever the prompt fits).',
+    )
+    answer_pace_ms: NonNegFloat = _field(
+        0.0,
+        "Pace answer streams: skip an answer stream for a step while it would still get its "
+        "next token within this many ms of its last (give the step's time to thinking "
+        "requests); 0: serve every answer stream every step.",
+        _U64,
     )
     preempt_max_fraction: UnitOpenClosed = _field(
         0.25, "At most this fraction of the running set is preempted in one step.", _UNIT_OC

@@ -45,6 +45,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from meridian.config.schema import SchedulerConfig
 from meridian.core.budget import RequestBudget
 from meridian.core.dual_queue import DualQueueScheduler
+from meridian.core.headroom import Kind, LengthModel, admissible
 from meridian.core.preemption import Candidate, VictimClass, rank_victims
 from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
 from meridian.core.stepfit import DecodeStepTime
@@ -76,6 +77,10 @@ READMIT_GUARD_STEPS = 2
 # With "auto", decode-step samples are folded into the fit, and the budget re-derived, in
 # batches of this many steps.
 BUDGET_REFIT_STEPS = 16
+# Answer pacing reads the token times of this many recent steps, and the mean step duration
+# moves this fraction of the way to each new step's.
+PACE_HISTORY_STEPS = 64
+STEP_TIME_WEIGHT = 0.1
 _NO_GUARD = sys.maxsize
 
 
@@ -155,8 +160,10 @@ class PolicyStats:
 
     num_plans: int = 0
     num_reordered_steps: int = 0
+    num_admissions_held: int = 0
     num_deferred: int = 0
     num_answer_holds: int = 0
+    num_paced: int = 0
     num_preemptions: dict[Phase, int] = field(default_factory=lambda: dict.fromkeys(Phase, 0))
     max_answer_gap_steps: int = 0
     num_answer_gaps_over_2: int = 0
@@ -171,8 +178,10 @@ class PolicyStats:
         return {
             "num_plans": self.num_plans,
             "num_reordered_steps": self.num_reordered_steps,
+            "num_admissions_held": self.num_admissions_held,
             "num_deferred": self.num_deferred,
             "num_answer_holds": self.num_answer_holds,
+            "num_paced": self.num_paced,
             "preemptions": {p.name.lower(): n for p, n in self.num_preemptions.items() if n},
             "max_answer_gap_steps": self.max_answer_gap_steps,
             "num_answer_gaps_over_2": self.num_answer_gaps_over_2,
@@ -190,6 +199,7 @@ class RequestState:
     request_id: str
     phase_state: RequestPhaseState
     cap: int | None  # the think-token cap a hard-cap force ends at (None: forcing off)
+    num_prompt_tokens: int = 0
     readmitted_step: int | None = None
     preempted: bool = False
 
@@ -227,6 +237,7 @@ class MeridianPolicy:
         clock: Callable[[], float] = time.monotonic,
         transition_len: int = 0,
         listener: PolicyListener | None = None,
+        admission: Literal["headroom", "vllm"] = "headroom",
     ) -> None:
         if block_size < 1 or capacity < 1:
             raise ValueError(f"block_size and capacity must be >= 1; got {block_size}, {capacity}")
@@ -241,6 +252,9 @@ class MeridianPolicy:
         # A forced think phase ends transition_len think tokens after its cap (the phrase).
         self.transition_len = transition_len
         self.listener = listener
+        # "headroom": admit only what the projected KV growth leaves room for (core.headroom).
+        self.admission = admission
+        self.lengths = LengthModel()
         self.stats = PolicyStats()
         self._states: dict[str, RequestState] = {}
         # The step of each answer stream's latest answer token (answer gaps).
@@ -250,6 +264,12 @@ class MeridianPolicy:
         self.step_time = DecodeStepTime() if output_budget == "auto" else None
         self._output_tpot_s = float(config.output_tpot_budget_ms) / 1000.0
         self._plan_time = 0.0
+        # Answer pacing: the pace (s; 0 off), the clock at each recent step's tokens, and the
+        # mean step duration (plan to plan, exponentially weighted).
+        self._answer_pace_s = float(config.answer_pace_ms) / 1000.0
+        self._token_times: dict[int, float] = {}
+        self._mean_step_s = 0.0
+        self._idle = True
         # (rows, start time) of the last step if it was decode-only: a step-time sample.
         self._timed_step: tuple[int, float] | None = None
         self._step_samples: list[tuple[int, float]] = []
@@ -299,13 +319,25 @@ class MeridianPolicy:
             cap = budget.max_think_tokens or self.default_max_think_tokens
         else:
             cap = None
-        self._states[request_id] = RequestState(request_id, self.router.state(request_id), cap)
+        self._states[request_id] = RequestState(
+            request_id, self.router.state(request_id), cap, len(prompt_token_ids or ())
+        )
         self.revision += 1
         if output_token_ids:
             self.router.observe(request_id, list(output_token_ids))
 
-    def untrack(self, request_id: str) -> None:
-        """Forget a finished or aborted request. Unknown ids are ignored."""
+    def untrack(self, request_id: str, num_output_tokens: int | None = None) -> None:
+        """Forget a finished or aborted request. Unknown ids are ignored.
+
+        ``num_output_tokens`` (what a request that *completed* generated) teaches the length
+        model of headroom admission; leave it out for an aborted request.
+        """
+        state = self._states.get(request_id)
+        if state is not None and num_output_tokens is not None:
+            st = state.phase_state
+            thought = st.num_think_tokens > 0 or st.num_marker_tokens > 0
+            think = st.num_think_tokens if thought else None
+            self.lengths.finished(think, max(0, num_output_tokens - st.num_think_tokens))
         self.revision += 1
         if self.router.finish(request_id) is not None and self.listener is not None:
             self.listener.request_finished(request_id)
@@ -336,6 +368,10 @@ class MeridianPolicy:
         """
         prev = step - 1
         answered = self._answered
+        if self._answer_pace_s:
+            times = self._token_times
+            times[step] = self.clock()
+            times.pop(step - PACE_HISTORY_STEPS, None)
         rest: list[tuple[str, Sequence[int]]] = []
         hits = 0
         for rid, toks in batch:
@@ -454,6 +490,7 @@ class MeridianPolicy:
     def on_idle(self) -> None:
         """The engine has nothing to run: the time until the next step is no step's time."""
         self._timed_step = None
+        self._idle = True
 
     def _sample_step_time(self, now: float) -> None:
         timed = self._timed_step
@@ -492,6 +529,10 @@ class MeridianPolicy:
         """
         now_time = self.clock()
         self._sample_step_time(now_time)
+        if not self._idle:
+            dt = now_time - self._plan_time
+            self._mean_step_s += STEP_TIME_WEIGHT * (dt - self._mean_step_s)
+        self._idle = False
         self._plan_time = now_time
         self.stats.num_plans += 1
         if len(running) < 2:
@@ -512,7 +553,35 @@ class MeridianPolicy:
         held = self._hold_answers(order, num_free_blocks)
         if held:
             skip = skip + held if skip else held
+        if self._answer_pace_s and len(order) > 1:
+            paced = self._pace_answers(order, now_time, held)
+            if paced:
+                skip = skip + paced if skip else paced
         return Plan(order, skip, self._num_ranked)
+
+    def _pace_answers(self, order: Sequence[R], now: float, held: list[R]) -> list[R]:
+        """Answer streams that can skip this step and still get their next token within the
+        pace of their last one (it would come at the end of the next step: now + 2 steps)."""
+        deadline = now + 2.0 * self._mean_step_s - self._answer_pace_s
+        answered, times = self._answered, self._token_times
+        paced: list[R] = []
+        for request in order:
+            last = answered.get(request.request_id)
+            if last is not None:
+                t = times.get(last)
+                if (
+                    t is not None
+                    and t >= deadline
+                    and request.num_tokens - request.num_computed_tokens == 1
+                ):
+                    paced.append(request)
+        if not paced or len(paced) + len(held) >= len(order):
+            return []
+        if held:
+            held_ids = {id(r) for r in held}
+            paced = [r for r in paced if id(r) not in held_ids]
+        self.stats.num_paced += len(paced)
+        return paced
 
     def _full_order(self, running: Sequence[R], step: int) -> tuple[list[R], list[R]]:
         queues, queued, states = self.queues, self._queued, self._states
@@ -597,6 +666,52 @@ class MeridianPolicy:
             return []
         self.stats.num_answer_holds += surplus
         return needy[-surplus:]
+
+    # -- admission ----------------------------------------------------------------------------
+
+    def admissions(self, running: Sequence[R], waiting: Sequence[R], num_blocks: int) -> int | None:
+        """How many of ``waiting`` (from the head, in the engine's order) may start this step;
+        ``None``: no limit from Meridian (the engine's own rules decide).
+
+        With ``admission = "headroom"``, once the length model has seen enough finished
+        requests: as many as keep the running set's projected KV peak within ``num_blocks``
+        (:func:`~meridian.core.headroom.admissible`).
+        """
+        if self.admission != "headroom" or not waiting or not self.lengths.ready:
+            return None
+        lengths, bs = self.lengths, self.block_size
+        grown = lengths.expected_blocks(*self._progress(running), bs)
+        candidates = lengths.expected_blocks(*self._progress(waiting), bs)
+        count = admissible(grown, candidates, num_blocks)
+        if count < len(waiting):
+            self.stats.num_admissions_held += 1
+        return count
+
+    def _progress(
+        self, requests: Sequence[EngineRequest]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """Each request's :class:`~meridian.core.headroom.Kind`, progress and tokens now."""
+        kinds: list[int] = []
+        progress: list[int] = []
+        tokens: list[int] = []
+        states, output = self._states, Phase.OUTPUT
+        for request in requests:
+            num_tokens = request.num_tokens
+            tokens.append(num_tokens)
+            state = states.get(request.request_id)
+            if state is None:
+                kinds.append(Kind.THINKING)
+                progress.append(0)
+                continue
+            st = state.phase_state
+            if st.phase is not output:
+                kinds.append(Kind.THINKING)
+                progress.append(st.num_think_tokens)
+            else:
+                thought = st.num_think_tokens > 0 or st.num_marker_tokens > 0
+                kinds.append(Kind.ANSWERING if thought else Kind.CHAT)
+                progress.append(num_tokens - state.num_prompt_tokens - st.num_think_tokens)
+        return kinds, progress, tokens
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant, if any.

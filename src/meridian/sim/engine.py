@@ -45,6 +45,8 @@ from meridian.sim.streams import Stream
 
 ENGINE_NAME = "model"
 
+# Waiting requests a policy may look at when it limits admissions (the head of the queue).
+ADMISSION_CANDIDATES = 64
 # Event priorities at the same instant: arrivals before the step's end.
 _ARRIVAL, _STEP_END = 0, 1
 
@@ -102,6 +104,13 @@ class SimPolicy:
         self, running: list[SimRequest], step: int, num_free_blocks: int
     ) -> Plan[SimRequest] | None:
         """The plan of step ``step``; ``None`` keeps the running order and skips nobody."""
+        return None
+
+    def admissions(
+        self, running: list[SimRequest], waiting: list[SimRequest], num_blocks: int
+    ) -> int | None:
+        """How many of the waiting requests (from the head) may start this step; ``None``: no
+        limit beyond vLLM's own rules."""
         return None
 
     def on_step(self, num_rows: int, num_tokens: int) -> None:
@@ -223,6 +232,12 @@ class Engine:
     def _peek_waiting(self) -> SimRequest:
         return self._waiting_heap[0][1] if self.policy.uses_priority else self.waiting[0]
 
+    def _waiting_head(self, n: int) -> list[SimRequest]:
+        """The first ``n`` waiting requests, in admission order."""
+        if self.policy.uses_priority:
+            return [req for _, req in heapq.nsmallest(n, self._waiting_heap)]
+        return list(itertools.islice(self.waiting, n))
+
     def _pop_waiting(self) -> None:
         if self.policy.uses_priority:
             heapq.heappop(self._waiting_heap)
@@ -301,7 +316,14 @@ class Engine:
 
     def _admit(self, scheduled: list[tuple[SimRequest, int]], budget: int) -> int:
         cfg, pool = self.config, self.pool
-        while self._num_waiting() and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        limit = cfg.max_num_seqs
+        if self._num_waiting():
+            allowed = self.policy.admissions(
+                self.running, self._waiting_head(ADMISSION_CANDIDATES), pool.num_usable_blocks
+            )
+            if allowed is not None:
+                limit = min(limit, len(self.running) + allowed)
+        while self._num_waiting() and budget > 0 and len(self.running) < limit:
             req = self._peek_waiting()
             num_tokens = req.num_tokens
             hit = 0

@@ -133,8 +133,12 @@ class PascalPolicy(MeridianPolicy):
 
     Not rendered: round robin with a 500-token quantum inside each class (vLLM preempts by
     recompute, so time-slicing by preemption would recompute where Pascal swaps; FCFS is kept
-    within each class) and Pascal's multi-instance placement and migration.
+    within each class) and Pascal's multi-instance placement and migration. Admission is
+    vLLM's own (Pascal does not gate it).
     """
+
+    def admissions(self, running: Sequence[R], waiting: Sequence[R], num_blocks: int) -> None:
+        return None
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         self.stats.num_plans += 1
@@ -179,6 +183,7 @@ class _CorePolicy(SimPolicy):
             capacity=cfg.max_num_seqs,
             output_budget=output_budget_setting(self.config.scheduler.output_budget_rows),
             clock=lambda: engine.now_ns / 1e9,
+            admission=self.config.scheduler.admission,
         )
 
     def on_arrival(self, req: SimRequest) -> None:
@@ -186,6 +191,11 @@ class _CorePolicy(SimPolicy):
 
     def plan(self, running: list[SimRequest], step: int, num_free_blocks: int) -> Plan[SimRequest]:
         return self.core.plan(running, step, num_free_blocks)
+
+    def admissions(
+        self, running: list[SimRequest], waiting: list[SimRequest], num_blocks: int
+    ) -> int | None:
+        return self.core.admissions(running, waiting, num_blocks)
 
     def on_step(self, num_rows: int, num_tokens: int) -> None:
         self.core.on_step(num_rows, num_tokens)
@@ -200,7 +210,7 @@ class _CorePolicy(SimPolicy):
         self.core.on_preempt(req.request_id)
 
     def on_finish(self, req: SimRequest) -> None:
-        self.core.untrack(req.request_id)
+        self.core.untrack(req.request_id, req.num_output_tokens)
 
 
 class _Priority(SimPolicy):

@@ -32,6 +32,7 @@ model, and virtual time).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -43,6 +44,7 @@ from prometheus_client import CollectorRegistry
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
 
 from meridian.core.policy import MeridianPolicy, PolicyStats, output_budget_setting
 from meridian.core.types import ForceReason, Phase, PhaseEvent
@@ -65,6 +67,10 @@ logger = logging.getLogger(__name__)
 # scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
 # like $MERIDIAN_CONFIG). "auto": measured (meridian.core.stepfit); 0: the whole batch.
 ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
+# Waiting requests headroom admission looks at (the head of vLLM's waiting queue).
+ADMISSION_CANDIDATES = 64
+# Requests that ran to their end (their lengths teach headroom admission).
+_COMPLETED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 # meridian_schedule_overhead_seconds samples are published in batches of this many steps.
 OVERHEAD_SAMPLES_PER_PUBLISH = 32
 
@@ -178,6 +184,8 @@ class MeridianScheduler(Scheduler):
     meridian_reorders: ClassVar[bool] = True
     #: The policy this adapter drives (the simulator swaps in its baselines' policies).
     policy_class: ClassVar[type[MeridianPolicy]] = MeridianPolicy
+    #: vLLM's cap on running requests, lowered for one ``schedule()`` by headroom admission.
+    max_num_active_reqs: int
 
     def __init__(
         self,
@@ -211,6 +219,7 @@ class MeridianScheduler(Scheduler):
             clock=meridian_clock,
             transition_len=len(self.meridian.transition_ids),
             listener=_Telemetry(self.meridian_metrics, self.meridian_tracer),
+            admission=config.scheduler.admission,
         )
         self.meridian_overhead = AdapterStats()
         self._logged_errors: set[tuple[str, str]] = set()
@@ -268,11 +277,12 @@ class MeridianScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         overhead = self.meridian_overhead
         start = time.perf_counter()
+        active_cap = self.max_num_active_reqs
         if self.meridian_reorders:
             with self._guarded("schedule", timed=False):
-                free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+                pool = self.kv_cache_manager.block_pool
                 step = self.current_step + 1  # schedule() increments current_step first
-                plan = self.meridian_policy.plan(self.running, step, free)
+                plan = self.meridian_policy.plan(self.running, step, pool.get_num_free_blocks())
                 if plan.order is not self.running:
                     self.running[:] = plan.order
                 for request in plan.skip:
@@ -280,19 +290,30 @@ class MeridianScheduler(Scheduler):
                     request.next_decode_eligible_step = max(
                         request.next_decode_eligible_step, step + 1
                     )
+                if self.waiting:
+                    head = list(itertools.islice(self.waiting, ADMISSION_CANDIDATES))
+                    allowed = self.meridian_policy.admissions(
+                        self.running, head, pool.num_gpu_blocks - 1
+                    )
+                    if allowed is not None:
+                        # vLLM admits while len(running) < max_num_active_reqs: for this call.
+                        self.max_num_active_reqs = min(active_cap, len(self.running) + allowed)
         self._publish_gauges()
         overhead.num_steps += 1
         stock_start = time.perf_counter()
         overhead.schedule_overhead_s += stock_start - start
-        if self.meridian_tracer.enabled:
-            with self.meridian_tracer.step_span(
-                self.current_step + 1,
-                num_running=len(self.running),
-                num_waiting=len(self.waiting),
-            ):
+        try:
+            if self.meridian_tracer.enabled:
+                with self.meridian_tracer.step_span(
+                    self.current_step + 1,
+                    num_running=len(self.running),
+                    num_waiting=len(self.waiting),
+                ):
+                    output = super().schedule(*args, **kwargs)
+            else:
                 output = super().schedule(*args, **kwargs)
-        else:
-            output = super().schedule(*args, **kwargs)
+        finally:
+            self.max_num_active_reqs = active_cap
         overhead.stock_schedule_s += time.perf_counter() - stock_start
         tokens = int(getattr(output, "total_num_scheduled_tokens", 0))
         overhead.num_scheduled_tokens += tokens
@@ -345,7 +366,11 @@ class MeridianScheduler(Scheduler):
         self._observe_step()
         result = super()._free_request(request, *args, **kwargs)
         with self._guarded("free_request", request.request_id):
-            self.meridian_policy.untrack(request.request_id)
+            # What a completed request generated teaches headroom admission; an aborted one not.
+            completed = request.status in _COMPLETED
+            self.meridian_policy.untrack(
+                request.request_id, request.num_output_tokens if completed else None
+            )
         return result
 
     def _sample_overhead(self) -> None:

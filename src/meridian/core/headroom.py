@@ -1,0 +1,204 @@
+"""Admission by projected KV headroom: start a waiting request only while the KV the running
+requests are expected to hold over the coming steps, with it, still fits the cache.
+
+vLLM admits a waiting request as soon as its prompt fits in the free blocks, whatever the
+running requests will need as they keep generating. Under load the cache fills, a request that
+needs a new block preempts another (by recompute), and the preempted request is re-admitted as
+soon as blocks free up, to be preempted again: churn that recomputes reasoning and, with the
+recompute's prefill chunks, slows every step. Projecting each request's growth lets admission
+stop while the running set is expected to need the room.
+
+The projection. Each running request gains a token per step until it ends, then frees its
+blocks. Its remaining length is unknown; the requests that finished tell its distribution
+(:class:`LengthModel`): a request that has thought ``t`` tokens is like the finished ones that
+thought longer than ``t`` (it has ``T - t`` think tokens left, then the ``R`` tokens after
+them); one that has answered ``a`` tokens, like the finished ones whose answer ran past ``a``.
+The expected KV at ``s`` steps from now is then
+
+    E[tokens(s)] = sum_i (c_i + s) * P(request i is still running at s)
+
+(``c_i`` its tokens now), and admission keeps ``max_s E[blocks(s)]`` within the cache. The
+expectation sums over many requests, so it is what the cache will hold up to fluctuations of the
+order of one request's length; it is not the deterministic "everyone runs to their mean" path,
+which overstates the peak (every request is counted whole until its mean end).
+
+The arithmetic is vectorised: requests fall into progress buckets (quantiles of the finished
+lengths), each bucket has one survival curve over a grid of future steps, and a projection is
+one small matrix product whatever the number of requests. Until enough requests have finished
+there is no projection, and admission is vLLM's own.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["GRID_POINTS", "MIN_SAMPLES", "RESERVE", "Kind", "LengthModel", "admissible"]
+
+# The fraction of the cache the projection keeps free: the expectation is a mean, and the
+# running set's real peak lies above it by about one request's length about half the time.
+# Measured on vLLM's scheduler (ADR-0013): 0 leaves thousands of preemptions at 110 % load,
+# 0.05 none, 0.1 none but a 1.4 % lower throughput at 100 %.
+RESERVE = 0.05
+
+# Finished requests the model needs before it projects anything.
+MIN_SAMPLES = 32
+# The model keeps the most recent lengths (the mix of traffic drifts) ...
+MAX_SAMPLES = 1024
+# ... and rebuilds its curves after this many new ones.
+REBUILD_EVERY = 32
+# Future steps the projection looks at (a uniform grid up to the longest finished request) and
+# progress buckets per kind of request.
+GRID_POINTS = 48
+NUM_BUCKETS = 24
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class Kind(enum.IntEnum):
+    """Which finished requests a running one is like."""
+
+    THINKING = 0  # reasoning, still thinking (or not started: PREFILL); progress = think tokens
+    ANSWERING = 1  # reasoning, answering; progress = tokens since its think phase
+    CHAT = 2  # never thought; progress = answer tokens
+
+
+class _Curves:
+    """Survival curves of one kind: ``surv[b, k]`` = P(still running ``grid[k]`` steps from now)
+    for a request whose progress falls in bucket ``b`` (``edges[b] <= progress``)."""
+
+    __slots__ = ("edges", "surv")
+
+    def __init__(self, progress: IntArray, remaining_after: IntArray, grid: FloatArray) -> None:
+        # A request at progress e is like the samples with progress-length > e; its remaining
+        # length is (length - e) + remaining_after. Edges: 0 and quantiles of the lengths.
+        qs = np.quantile(progress, np.linspace(0.0, 1.0, NUM_BUCKETS + 1)[:-1])
+        edges = np.unique(np.concatenate(([0], np.floor(qs).astype(np.int64))))
+        surv = np.zeros((len(edges) + 1, len(grid)))
+        for b, edge in enumerate(edges):
+            beyond = progress > edge
+            if beyond.any():
+                rest = (progress[beyond] - edge + remaining_after[beyond]).astype(np.float64)
+                surv[b] = (rest[:, None] > grid[None, :]).mean(axis=0)
+        # Past every sample: nothing is known but that it runs now; assume the shortest tail,
+        # remaining_after alone (for answers that is 0: it ends at once).
+        surv[-1] = (remaining_after[:, None] > grid[None, :]).mean(axis=0)
+        surv[-1, 0] = 1.0
+        self.edges = np.append(edges, np.iinfo(np.int64).max)
+        self.surv = surv
+
+    def bucket(self, progress: IntArray) -> IntArray:
+        """Each progress's bucket; the last (past every sample) when beyond the last edge
+        that any sample exceeds."""
+        b: IntArray = np.searchsorted(self.edges, progress, side="right") - 1
+        # A bucket whose curve is empty (no sample beyond its edge) is past every sample.
+        empty = self.surv[b, 0] == 0.0
+        b[empty] = len(self.edges) - 1
+        return b
+
+
+class LengthModel:
+    """What finished requests generated, and the expected KV of requests like them.
+
+    ``finished(think, rest)``: a request that completed having thought ``think`` tokens (``None``
+    if it never thought) and generated ``rest`` tokens after them (the think end and its answer).
+    """
+
+    def __init__(self) -> None:
+        self._think: deque[int] = deque(maxlen=MAX_SAMPLES)
+        self._after_think: deque[int] = deque(maxlen=MAX_SAMPLES)
+        self._chat: deque[int] = deque(maxlen=MAX_SAMPLES)
+        self._since_build = 0
+        self._curves: dict[Kind, _Curves | None] | None = None
+        self.grid: FloatArray = np.zeros(GRID_POINTS)
+
+    @property
+    def ready(self) -> bool:
+        """True once every kind of request seen so far has enough finished samples."""
+        reasoning, chat = len(self._think), len(self._chat)
+        return (
+            reasoning + chat > 0
+            and (reasoning >= MIN_SAMPLES or reasoning == 0)
+            and (chat >= MIN_SAMPLES or chat == 0)
+        )
+
+    def finished(self, num_think_tokens: int | None, num_rest_tokens: int) -> None:
+        """A request completed (see the class docstring)."""
+        if num_think_tokens is None:
+            self._chat.append(num_rest_tokens)
+        else:
+            self._think.append(num_think_tokens)
+            self._after_think.append(num_rest_tokens)
+        self._since_build += 1
+        if self._since_build >= REBUILD_EVERY:
+            self._curves = None
+
+    def _built(self) -> dict[Kind, _Curves | None]:
+        if self._curves is None:
+            think = np.array(self._think, dtype=np.int64)
+            after = np.array(self._after_think, dtype=np.int64)
+            chat = np.array(self._chat, dtype=np.int64)
+            longest = max(
+                int((think + after).max()) if len(think) else 0,
+                int(chat.max()) if len(chat) else 0,
+                1,
+            )
+            grid = np.linspace(0.0, float(longest), GRID_POINTS)
+            # With no samples of a kind, its requests are projected like those of the other.
+            thinking = answering = chat_curves = None
+            if len(think):
+                thinking = _Curves(think, after, grid)
+                answering = _Curves(after, np.zeros_like(after), grid)
+            if len(chat):
+                chat_curves = _Curves(chat, np.zeros_like(chat), grid)
+            curves = {
+                Kind.THINKING: thinking or chat_curves,
+                Kind.ANSWERING: answering or chat_curves,
+                Kind.CHAT: chat_curves or answering,
+            }
+            self._curves, self.grid, self._since_build = curves, grid, 0
+        return self._curves
+
+    def expected_blocks(
+        self, kinds: Sequence[int], progress: Sequence[int], tokens: Sequence[int], block_size: int
+    ) -> FloatArray:
+        """Per request, the expected KV blocks it holds at each grid step from now
+        (``len(kinds) x GRID_POINTS``); a request's blocks are its tokens over the block size,
+        plus half a block (the partly filled last one)."""
+        curves = self._built()
+        k = np.asarray(kinds, dtype=np.int64)
+        p = np.asarray(progress, dtype=np.int64)
+        c = np.asarray(tokens, dtype=np.float64)
+        surv = np.empty((len(k), GRID_POINTS))
+        for kind, curve in curves.items():
+            mask = k == kind
+            if curve is not None and mask.any():
+                surv[mask] = curve.surv[curve.bucket(p[mask])]
+        blocks: FloatArray = ((c[:, None] + self.grid[None, :]) / block_size + 0.5) * surv
+        return blocks
+
+
+def admissible(running: FloatArray, waiting: FloatArray, num_blocks: int) -> int:
+    """How many of the waiting requests (rows of ``waiting``, in order) may start so that the
+    expected peak of ``running`` plus them stays within ``num_blocks`` less the
+    :data:`RESERVE`.
+
+    The rows are :meth:`LengthModel.expected_blocks` curves. At least one when nothing runs
+    (something must make progress).
+
+    >>> r = np.array([[4.0, 5.0, 0.0]]); w = np.array([[2.0, 3.0, 0.0], [2.0, 3.0, 0.0]])
+    >>> admissible(r, w, 9), admissible(r, w, 12), admissible(np.zeros((0, 3)), w, 1)
+    (1, 2, 1)
+    """
+    base = running.sum(axis=0)
+    totals = base[None, :] + np.cumsum(waiting, axis=0)
+    fits = totals.max(axis=1) <= num_blocks * (1.0 - RESERVE)
+    count = int(np.argmin(fits)) if not fits.all() else len(fits)
+    if count == 0 and len(running) == 0 and len(waiting):
+        return 1
+    return count
