@@ -100,6 +100,11 @@ ADVICE: dict[str, str] = {
         'queueing (docs/adr/0013). "vllm" restores stock admission, e.g. when request lengths '
         "swing so fast that the last 1,024 finished requests say little about the next ones."
     ),
+    "scheduler.admission_reserve": (
+        "Raise it if headroom admission still lets preemptions through under overload "
+        "(meridian_preemptions_total keeps rising); lower it if the queue waits while the "
+        "cache has room. 0.05 measured best on vLLM's scheduler (docs/adr/0013)."
+    ),
     "scheduler.answer_pace_ms": (
         "Leave 0. Pacing frees little on vLLM (answer rows are a small share of a step) and "
         "keeps answer streams, with their KV, in the cache longer; measured as a loss in "

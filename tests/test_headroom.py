@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meridian.core.headroom import GRID_POINTS, MIN_SAMPLES, RESERVE, Kind, LengthModel, admissible
+from meridian.core.headroom import GRID_POINTS, MIN_SAMPLES, Kind, LengthModel, admissible
 
 BS = 16
 
@@ -86,7 +86,7 @@ def test_chat_requests_use_their_own_lengths() -> None:
 def test_admissible_stops_at_the_first_request_that_breaks_the_peak() -> None:
     running = np.array([[10.0, 20.0, 5.0]])
     waiting = np.array([[1.0, 5.0, 1.0], [1.0, 5.0, 1.0], [0.0, 9.0, 0.0]])
-    blocks = int(np.ceil(30 / (1 - RESERVE)))  # the peak of running + 2 waiting: 30
+    blocks = 30  # the peak of running + 2 waiting
     assert admissible(running, waiting, blocks) == 2
     assert admissible(running, waiting, blocks - 2) == 1
     # A small request behind one that does not fit waits too: a prefix of the queue starts.

@@ -55,9 +55,12 @@ _UNIT_OC_V, _UNIT_OC = _interval(0, 1, lo_open=True, hi_open=False)
 _U64_V, _U64 = _interval(0, None, lo_open=False, hi_open=True)
 _U64P_V, _U64P = _interval(1, None, lo_open=False, hi_open=True)
 _U32P_V, _U32P = _interval(1, U32_MAX, lo_open=False, hi_open=False)
+_PACE_V, _PACE = _interval(0, 10_000, lo_open=False, hi_open=False)
+_RESERVE_V, _RESERVE = _interval(0, 0.5, lo_open=False, hi_open=False)
 
 PosFloat = Annotated[float, _POS_V]
-NonNegFloat = Annotated[float, _U64_V]
+PaceMs = Annotated[float, _PACE_V]
+ReserveFraction = Annotated[float, _RESERVE_V]
 AtLeastOneFloat = Annotated[float, _GE1_V]
 AboveOneFloat = Annotated[float, _GT1_V]
 UnitOpenClosed = Annotated[float, _UNIT_OC_V]
@@ -129,12 +132,18 @@ class SchedulerConfig(_Section):
         "requests like them grew, still fits the cache (fewer preemptions and less recompute "
         'under load); "vllm": vLLM\'s own admission (whenever the prompt fits).',
     )
-    answer_pace_ms: NonNegFloat = _field(
+    admission_reserve: ReserveFraction = _field(
+        0.05,
+        "Headroom admission keeps this fraction of the KV cache out of its projection (the "
+        "projected peak is a mean; the real one lies above it about half the time).",
+        _RESERVE,
+    )
+    answer_pace_ms: PaceMs = _field(
         0.0,
         "Pace answer streams: skip an answer stream for a step while it would still get its "
         "next token within this many ms of its last (give the step's time to thinking "
         "requests); 0: serve every answer stream every step.",
-        _U64,
+        _PACE,
     )
     preempt_max_fraction: UnitOpenClosed = _field(
         0.25, "At most this fraction of the running set is preempted in one step.", _UNIT_OC

@@ -37,13 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["GRID_POINTS", "MIN_SAMPLES", "RESERVE", "Kind", "LengthModel", "admissible"]
-
-# The fraction of the cache the projection keeps free: the expectation is a mean, and the
-# running set's real peak lies above it by about one request's length about half the time.
-# Measured on vLLM's scheduler (ADR-0013): 0 leaves thousands of preemptions at 110 % load,
-# 0.05 none, 0.1 none but a 1.4 % lower throughput at 100 %.
-RESERVE = 0.05
+__all__ = ["GRID_POINTS", "MIN_SAMPLES", "Kind", "LengthModel", "admissible"]
 
 # Finished requests the model needs before it projects anything.
 MIN_SAMPLES = 32
@@ -183,21 +177,21 @@ class LengthModel:
         return blocks
 
 
-def admissible(running: FloatArray, waiting: FloatArray, num_blocks: int) -> int:
+def admissible(running: FloatArray, waiting: FloatArray, num_blocks: float) -> int:
     """How many of the waiting requests (rows of ``waiting``, in order) may start so that the
-    expected peak of ``running`` plus them stays within ``num_blocks`` less the
-    :data:`RESERVE`.
+    expected peak of ``running`` plus them stays within ``num_blocks`` (the cache less the
+    reserve).
 
     The rows are :meth:`LengthModel.expected_blocks` curves. At least one when nothing runs
     (something must make progress).
 
     >>> r = np.array([[4.0, 5.0, 0.0]]); w = np.array([[2.0, 3.0, 0.0], [2.0, 3.0, 0.0]])
-    >>> admissible(r, w, 9), admissible(r, w, 12), admissible(np.zeros((0, 3)), w, 1)
+    >>> admissible(r, w, 8), admissible(r, w, 11), admissible(np.zeros((0, 3)), w, 1)
     (1, 2, 1)
     """
     base = running.sum(axis=0)
     totals = base[None, :] + np.cumsum(waiting, axis=0)
-    fits = totals.max(axis=1) <= num_blocks * (1.0 - RESERVE)
+    fits = totals.max(axis=1) <= num_blocks
     count = int(np.argmin(fits)) if not fits.all() else len(fits)
     if count == 0 and len(running) == 0 and len(waiting):
         return 1

@@ -254,6 +254,7 @@ class MeridianPolicy:
         self.listener = listener
         # "headroom": admit only what the projected KV growth leaves room for (core.headroom).
         self.admission = admission
+        self.admission_reserve = float(config.admission_reserve)
         self.lengths = LengthModel()
         self.stats = PolicyStats()
         self._states: dict[str, RequestState] = {}
@@ -682,7 +683,7 @@ class MeridianPolicy:
         lengths, bs = self.lengths, self.block_size
         grown = lengths.expected_blocks(*self._progress(running), bs)
         candidates = lengths.expected_blocks(*self._progress(waiting), bs)
-        count = admissible(grown, candidates, num_blocks)
+        count = admissible(grown, candidates, num_blocks * (1.0 - self.admission_reserve))
         if count < len(waiting):
             self.stats.num_admissions_held += 1
         return count
