@@ -15,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meridian.config import MeridianConfig, SchedulerConfig
+from meridian.core import headroom
+from meridian.core import policy as policy_module
 from meridian.core.budget import RequestBudget
 from meridian.core.headroom import MIN_SAMPLES
 from meridian.core.policy import (
@@ -399,8 +401,16 @@ def _teach(policy: MeridianPolicy, n: int, num_output_tokens: int | None) -> Non
         policy.untrack(f"done{i}", num_output_tokens)
 
 
-def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for() -> None:
+def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A tiny cache: 40 blocks hold under 4 requests of 43 tokens, where headroom stands aside.
+    assert headroom.MIN_REQUESTS_IN_CACHE > 4
     policy = make_policy(admission="headroom")  # block size 4
+    _teach(policy, MIN_SAMPLES, 40)
+    assert policy.admissions([], [FakeRequest("w", PLAIN_PROMPT)], 40) is None
+    monkeypatch.setattr(policy_module, "MIN_REQUESTS_IN_CACHE", 1)
+    policy = make_policy(admission="headroom")
     waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT) for i in range(5)]
     _teach(policy, MIN_SAMPLES, None)  # aborted requests teach nothing
     assert policy.admissions([], waiting, 40) is None

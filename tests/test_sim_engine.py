@@ -220,7 +220,9 @@ def test_under_pressure_meridian_preempts_think_before_answers() -> None:
     assert meridian.counters.preemptions_by_phase.get(Phase.THINK, 0) > 0
 
 
-def test_headroom_admission_turns_preemption_into_queueing() -> None:
+def test_headroom_admission_turns_preemption_into_queueing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 250 blocks hold a few of these requests; headroom would stand aside (MIN_REQUESTS_IN_CACHE).
+    monkeypatch.setattr("meridian.core.policy.MIN_REQUESTS_IN_CACHE", 1)
     specs = make_specs(300, seed=7, gap_s=0.01)
     stock = MeridianConfig(scheduler=SchedulerConfig(admission="vllm"))
     plain, unheld = run("meridian-sched", specs, blocks=250, seqs=32, config=stock)

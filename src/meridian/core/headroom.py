@@ -25,7 +25,8 @@ which overstates the peak (every request is counted whole until its mean end).
 The arithmetic is vectorised: requests fall into progress buckets (quantiles of the finished
 lengths), each bucket has one survival curve over a grid of future steps, and a projection is
 one small matrix product whatever the number of requests. Until enough requests have finished
-there is no projection, and admission is vLLM's own.
+there is no projection, and admission is vLLM's own; so it is in a cache that holds few
+requests (:data:`MIN_REQUESTS_IN_CACHE`).
 """
 
 from __future__ import annotations
@@ -37,10 +38,24 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["GRID_POINTS", "MIN_SAMPLES", "Kind", "LengthModel", "admissible"]
+__all__ = [
+    "GRID_POINTS",
+    "MIN_REQUESTS_IN_CACHE",
+    "MIN_SAMPLES",
+    "Kind",
+    "LengthModel",
+    "admissible",
+]
 
 # Finished requests the model needs before it projects anything.
 MIN_SAMPLES = 32
+# Admission is held only in a cache that holds at least this many requests of the mean finished
+# size. The projection is an expectation over the running set; with few requests in the cache
+# one request's length swings the real peak by several percent, holds cost more queueing than
+# the preemptions they avoid, and vLLM's own admission does better (ADR-0013: Qwen3-32B on an
+# H100 holds 52-75 of the synthetic workload's finished requests, and headroom loses there;
+# Qwen3-8B holds 400 or more, and it wins. Two points: the threshold lies between them).
+MIN_REQUESTS_IN_CACHE = 128
 # The model keeps the most recent lengths (the mix of traffic drifts) ...
 MAX_SAMPLES = 1024
 # ... and rebuilds its curves after this many new ones.
@@ -107,6 +122,8 @@ class LengthModel:
         self._think: deque[int] = deque(maxlen=MAX_SAMPLES)
         self._after_think: deque[int] = deque(maxlen=MAX_SAMPLES)
         self._chat: deque[int] = deque(maxlen=MAX_SAMPLES)
+        # Whole requests: prompt and everything generated.
+        self._sizes: deque[int] = deque(maxlen=MAX_SAMPLES)
         self._since_build = 0
         self._curves: dict[Kind, _Curves | None] | None = None
         self.grid: FloatArray = np.zeros(GRID_POINTS)
@@ -121,8 +138,16 @@ class LengthModel:
             and (chat >= MIN_SAMPLES or chat == 0)
         )
 
-    def finished(self, num_think_tokens: int | None, num_rest_tokens: int) -> None:
+    @property
+    def mean_request_tokens(self) -> float:
+        """The mean size (prompt and output tokens) of the recent finished requests."""
+        return sum(self._sizes) / len(self._sizes) if self._sizes else 0.0
+
+    def finished(
+        self, num_think_tokens: int | None, num_rest_tokens: int, num_prompt_tokens: int = 0
+    ) -> None:
         """A request completed (see the class docstring)."""
+        self._sizes.append(num_prompt_tokens + (num_think_tokens or 0) + num_rest_tokens)
         if num_think_tokens is None:
             self._chat.append(num_rest_tokens)
         else:

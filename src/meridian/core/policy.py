@@ -45,7 +45,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from meridian.config.schema import SchedulerConfig
 from meridian.core.budget import RequestBudget
 from meridian.core.dual_queue import DualQueueScheduler
-from meridian.core.headroom import Kind, LengthModel, admissible
+from meridian.core.headroom import MIN_REQUESTS_IN_CACHE, Kind, LengthModel, admissible
 from meridian.core.preemption import Candidate, VictimClass, rank_victims
 from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
 from meridian.core.stepfit import DecodeStepTime
@@ -338,7 +338,8 @@ class MeridianPolicy:
             st = state.phase_state
             thought = st.num_think_tokens > 0 or st.num_marker_tokens > 0
             think = st.num_think_tokens if thought else None
-            self.lengths.finished(think, max(0, num_output_tokens - st.num_think_tokens))
+            rest = max(0, num_output_tokens - st.num_think_tokens)
+            self.lengths.finished(think, rest, state.num_prompt_tokens)
         self.revision += 1
         if self.router.finish(request_id) is not None and self.listener is not None:
             self.listener.request_finished(request_id)
@@ -676,13 +677,16 @@ class MeridianPolicy:
 
         With ``admission = "headroom"``, once the length model has seen enough finished
         requests: as many as keep the running set's projected KV peak within ``num_blocks``
-        (:func:`~meridian.core.headroom.admissible`).
+        (:func:`~meridian.core.headroom.admissible`), in a cache that holds at least
+        :data:`~meridian.core.headroom.MIN_REQUESTS_IN_CACHE` finished requests' mean size.
         """
         if self.admission != "headroom" or not waiting or not self.lengths.ready:
             return None
         lengths, bs = self.lengths, self.block_size
-        grown = lengths.expected_blocks(*self._progress(running), bs)
+        if num_blocks * bs < MIN_REQUESTS_IN_CACHE * lengths.mean_request_tokens:
+            return None
         candidates = lengths.expected_blocks(*self._progress(waiting), bs)
+        grown = lengths.expected_blocks(*self._progress(running), bs)
         count = admissible(grown, candidates, num_blocks * (1.0 - self.admission_reserve))
         if count < len(waiting):
             self.stats.num_admissions_held += 1
