@@ -76,7 +76,13 @@ def _variant(policy: str) -> tuple[str, dict[str, Any]]:
 
 def run_cell(cell: Cell) -> dict[str, Any]:
     from meridian.bench.metrics import summarize
-    from meridian.bench.simrun import SimRunSpec, StreamSet, load_requests, run_policy
+    from meridian.bench.simrun import (
+        SimRunSpec,
+        StreamSet,
+        engine_config_for,
+        load_requests,
+        run_policy,
+    )
     from meridian.config import MeridianConfig, SchedulerConfig
     from meridian.sim.policies import parse_policy
 
@@ -99,6 +105,11 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     mid = [w for t, w in waiting if end_ns / 3 <= t < 2 * end_ns / 3]
     last = [w for t, w in waiting if t >= 2 * end_ns / 3]
     mid_q, last_q = (float(np.mean(v)) if v else 0.0 for v in (mid, last))
+    # How many requests of the finished ones' mean size the cache holds (MIN_REQUESTS_IN_CACHE).
+    sizes = [r.num_prompt_tokens + r.num_think_tokens + r.num_answer_tokens
+             for r in result.records if r.finish_ns is not None]  # fmt: skip
+    shape = engine_config_for(spec)
+    cache_tokens = shape.num_kv_blocks * shape.block_size_tokens
     return {
         "policy": cell.policy,
         "rate": cell.rate,
@@ -116,6 +127,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         "waiting_mid": mid_q,
         "waiting_last": last_q,
         "queue_bounded": last_q <= max(8.0, 1.25 * mid_q),
+        "requests_in_cache": cache_tokens / float(np.mean(sizes)) if sizes else 0.0,
     }
 
 
@@ -247,7 +259,8 @@ def main() -> None:
                 + " ".join(f"{k} {_fmt(row[k])}" for k, _, _ in METRICS)
                 + f" preempt {row['preemptions_think']}/{row['preemptions_answer']}"
                 f" gap {row['worst_answer_gap_steps']} queue "
-                f"{'bounded' if row['queue_bounded'] else 'grows'}",
+                f"{'bounded' if row['queue_bounded'] else 'grows'}; the cache holds "
+                f"{row['requests_in_cache']:.0f} requests of the mean size",
                 flush=True,
             )
     md, misses = table(rows, capacity) if {STOCK, MERIDIAN} <= set(policies) else ("", 0)

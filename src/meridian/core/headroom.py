@@ -53,8 +53,8 @@ MIN_SAMPLES = 32
 # size. The projection is an expectation over the running set; with few requests in the cache
 # one request's length swings the real peak by several percent, holds cost more queueing than
 # the preemptions they avoid, and vLLM's own admission does better (ADR-0013: Qwen3-32B on an
-# H100 holds 52-75 of the synthetic workload's finished requests, and headroom loses there;
-# Qwen3-8B holds 400 or more, and it wins. Two points: the threshold lies between them).
+# H100 holds about 40 of the synthetic workload's requests, and headroom loses there; Qwen3-8B
+# about 300, and it wins. Two points: the threshold lies between them).
 MIN_REQUESTS_IN_CACHE = 128
 # The model keeps the most recent lengths (the mix of traffic drifts) ...
 MAX_SAMPLES = 1024
