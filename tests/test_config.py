@@ -57,6 +57,15 @@ def test_defaults_match_the_design() -> None:
         ("[entropy]\nrpdi_threshold = 1.0", "entropy.rpdi_threshold must be in (1, inf); got 1.0"),
         ("[scheduler]\nthink_batch_multiplier = 0.5", "scheduler.think_batch_multiplier"),
         ("[scheduler]\noutput_tpot_budget_ms = -1", "scheduler.output_tpot_budget_ms"),
+        (
+            "[scheduler]\noutput_tpot_budget_ms = inf",
+            "scheduler.output_tpot_budget_ms must be in (0, inf); got inf",
+        ),
+        ("[scheduler]\nthink_batch_multiplier = inf", "scheduler.think_batch_multiplier"),
+        ("[entropy]\neat_ema_variance_threshold = inf", "entropy.eat_ema_variance_threshold"),
+        ("[entropy]\ntransition_entropy_threshold = inf", "entropy.transition_entropy_threshold"),
+        ("[entropy]\nrpdi_threshold = 1e400", "entropy.rpdi_threshold"),
+        ("[scheduler]\nanswer_pace_ms = nan", "scheduler.answer_pace_ms"),
         ("[scheduler]\nthink_starvation_steps = 0", "scheduler.think_starvation_steps"),
         ("[scheduler]\npreempt_max_fraction = 1.5", "scheduler.preempt_max_fraction"),
         (

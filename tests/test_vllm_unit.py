@@ -320,6 +320,11 @@ def test_serve_argv_wires_meridian_in(tmp_path: Any) -> None:
     assert cmd.env["MERIDIAN_CONFIG"].endswith("meridian.toml")
     assert cmd.env["PROMETHEUS_MULTIPROC_DIR"].endswith("prom")
     assert cmd.metrics_url == "http://127.0.0.1:8123/metrics"
+    # Loopback unless told otherwise; a --host the user gives is theirs alone.
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    public = build_serve_argv("Qwen/Qwen3-8B", ["--host", "0.0.0.0", "--port", "9"])
+    assert public.argv.count("--host") == 1 and public.argv[-3] == "0.0.0.0"
+    assert public.metrics_url == "http://0.0.0.0:9/metrics"
 
 
 def test_serve_argv_async_v2_and_user_parser() -> None:

@@ -36,7 +36,8 @@ def _interval(lo: float | None, hi: float | None, *, lo_open: bool, hi_open: boo
     def check(value: float) -> float:
         ok_lo = lo is None or (value > lo if lo_open else value >= lo)
         ok_hi = hi is None or (value < hi if hi_open else value <= hi)
-        if not (ok_lo and ok_hi) or (isinstance(value, float) and math.isnan(value)):
+        # inf and nan are outside every range ("inf" in a range is an open bound).
+        if not (ok_lo and ok_hi) or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError(f"must be in {text}")
         return value
 

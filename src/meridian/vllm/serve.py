@@ -13,6 +13,7 @@ What is added to the user's vLLM arguments:
   does; ``--async-scheduling``/``--no-async-scheduling`` decide when given);
 - ``--logits-processors``: the V1 processor (the V2 one when ``VLLM_USE_V2_MODEL_RUNNER=1``);
 - ``--reasoning-parser``: the model family's parser, unless the user passed one;
+- ``--host 127.0.0.1`` unless the user passed ``--host`` (vLLM alone binds every interface);
 - environment: ``MERIDIAN_MODEL`` (the family) and ``MERIDIAN_CONFIG`` (the config file), which
   vLLM's engine and worker processes inherit, and ``PROMETHEUS_MULTIPROC_DIR`` (a fresh
   directory): the scheduler runs in vLLM's engine-core process, and prometheus_client's
@@ -159,6 +160,9 @@ def build_serve_argv(
         argv += ["--logits-processors", LOGITS_PROCESSOR_V2 if v2_runner else LOGITS_PROCESSOR]
     if not _has_flag(extra_args, "--reasoning-parser"):
         argv += ["--reasoning-parser", definition.reasoning_parser]
+    # Loopback unless told otherwise: vLLM alone binds every interface.
+    if not _has_flag(extra_args, "--host"):
+        argv += ["--host", "127.0.0.1"]
     argv += list(extra_args)
 
     # The generic tags are not a config family: each process auto-detects the same tags.
