@@ -6,8 +6,11 @@ vLLM must preempt), both with Meridian's logits processor and the same config (e
 thinks until the cap forces ``</think>``: the same forcing on both sides); they differ only in
 the scheduler:
 
-- stock:    ``MeridianShadowScheduler`` (vLLM's order; Meridian only counts, by phase),
-- meridian: ``MeridianScheduler`` (what ``meridian serve`` runs).
+- ``vllm-fcfs``: ``MeridianShadowScheduler`` (vLLM's order; Meridian only counts, by phase),
+- ``meridian``: ``MeridianScheduler`` (what ``meridian serve`` runs).
+
+Servers are started and stopped as ``meridian bench ab-real`` does
+(:func:`meridian.bench.abreal.serving`), with Meridian's logits processor kept on the stock side.
 
 The client is vLLM's ``bench serve`` (``vllm.benchmarks.serve``, the code behind ``vllm bench
 serve``): the random dataset, chat completions, every request sent at once (request rate inf),
@@ -23,81 +26,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from meridian.vllm import SCHEDULER_CLS, SHADOW_SCHEDULER_CLS
-from meridian.vllm.serve import build_serve_argv
-
-SCHEDULERS = {"stock": SHADOW_SCHEDULER_CLS, "meridian": SCHEDULER_CLS}
-STARTUP_TIMEOUT_S = 300.0
+from meridian.bench.abreal import CANDIDATE, STOCK, AbRealSpec, scrape_preemptions, serving
+from meridian.core.types import Phase
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _metric(text: str, name: str, labels: str = "") -> float:
-    pattern = rf"^{re.escape(name)}{{?{re.escape(labels)}[^}}\n]*}}? ([0-9.e+-]+)$"
-    return sum(float(v) for v in re.findall(pattern, text, re.MULTILINE))
-
-
-def _start(variant: str, model: Path, work: Path, args: argparse.Namespace) -> tuple[Any, str]:
-    config = work / "meridian.toml"
-    config.write_text(
-        f"[scheduler]\nmax_think_tokens = {args.think_tokens}\nmin_think_tokens = 0\n"
-        "[entropy]\nenabled = false\n"
+def _vllm_preemptions(text: str) -> int:
+    """vLLM's own ``vllm:num_preemptions_total`` from a ``/metrics`` page."""
+    return int(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "vllm:num_preemptions_total"
+        )
     )
-    prom = work / f"prom-{variant}"
-    prom.mkdir()
-    port = _free_port()
-    extra = ["--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
-             "--kv-cache-memory-bytes", str(args.kv_mib << 20), "--enforce-eager", "--seed", "0",
-             "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip
-    cmd = build_serve_argv(str(model), extra, config_path=config, metrics_dir=prom)
-    argv = list(cmd.argv)
-    argv[argv.index("--scheduler-cls") + 1] = SCHEDULERS[variant]
-    log = (work / f"server-{variant}.log").open("w")
-    env = {**os.environ, **cmd.env, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{variant} server exited; see {work / f'server-{variant}.log'}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    raise SystemExit(f"{variant} server not healthy after {STARTUP_TIMEOUT_S:.0f} s")
 
 
-def _stop(proc: Any) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-
-
-def _bench(url: str, model: Path, work: Path, variant: str, args: argparse.Namespace) -> dict:
+def _bench(url: str, model: Path, work: Path, variant: str, args: argparse.Namespace) -> Any:
     """vLLM's bench serve client in a child process (its own event loop and imports)."""
     out = work / f"bench-{variant}.json"
     client = [
@@ -119,8 +73,7 @@ def _bench(url: str, model: Path, work: Path, variant: str, args: argparse.Names
         subprocess.run(
             [sys.executable, "-c", code, *client], check=True, stdout=log, stderr=subprocess.STDOUT
         )
-    result: dict = json.loads(out.read_text())
-    return result
+    return json.loads(out.read_text())
 
 
 def main() -> None:
@@ -135,28 +88,37 @@ def main() -> None:
     from meridian.vllm.tiny_model import build_tiny_model
 
     model = build_tiny_model(Path(tempfile.gettempdir()) / "meridian-tiny")
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="meridian-serve-bench-") as tmp:
         work = Path(tmp)
-        for variant in SCHEDULERS:
-            proc, url = _start(variant, model, work, args)
-            try:
-                bench = _bench(url, model, work, variant, args)
+        config = work / "meridian.toml"
+        config.write_text(
+            f"[scheduler]\nmax_think_tokens = {args.think_tokens}\nmin_think_tokens = 0\n"
+            "[entropy]\nenabled = false\n"
+        )
+        vllm_args = ["--max-model-len", "1024", "--kv-cache-memory-bytes",
+                     str(args.kv_mib << 20), "--enforce-eager", "--seed", "0",
+                     "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip
+        spec = AbRealSpec(
+            str(model), vllm_args, config_path=config, log_dir=work, stock_forcing=True
+        )
+        for side in (STOCK, CANDIDATE):
+            with serving(side, spec) as url:
+                bench = _bench(url, model, work, side, args)
                 metrics = httpx.get(f"{url}/metrics", timeout=10).text
-            finally:
-                _stop(proc)
-            rows[variant] = {
-                "think": _metric(metrics, "meridian_preemptions_total", 'phase="think"'),
-                "answer": _metric(metrics, "meridian_preemptions_total", 'phase="output"'),
-                "vllm": _metric(metrics, "vllm:num_preemptions_total"),
+            by_phase = scrape_preemptions(metrics)
+            rows[side] = {
+                "think": by_phase.get(Phase.THINK, 0),
+                "answer": by_phase.get(Phase.OUTPUT, 0),
+                "vllm": _vllm_preemptions(metrics),
                 "completed": bench["completed"],
                 "ttft_p95_ms": bench["p95_ttft_ms"],
                 "itl_p99_ms": bench["p99_itl_ms"],
                 "tok_s": bench["output_throughput"],
                 "duration_s": bench["duration"],
             }
-            print(f"{variant}: {json.dumps(rows[variant])}", flush=True)
-    s, m = rows["stock"], rows["meridian"]
+            print(f"{side}: {json.dumps(rows[side])}", flush=True)
+    s, m = rows[STOCK], rows[CANDIDATE]
     print(f"\n{'':10} {'preempt think':>13} {'preempt answer':>14} {'vLLM preempt':>12} "
           f"{'done':>5} {'TTFT P95 ms':>11} {'ITL P99 ms':>10} {'tok/s':>7}")  # fmt: skip
     for name, r in rows.items():

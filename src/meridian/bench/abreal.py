@@ -16,7 +16,8 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,9 @@ class AbRealSpec:
     startup_timeout_s: float = 300.0
     log_dir: Path | None = None
     replay_think_lengths: bool = False
+    # The stock side keeps Meridian's logits processor (the same forcing on both sides, e.g.
+    # a server-wide think cap) instead of running without one.
+    stock_forcing: bool = False
 
 
 def free_port() -> int:
@@ -76,7 +80,7 @@ def server_command(
     if side == STOCK:
         i = argv.index("--scheduler-cls")
         argv[i + 1] = SHADOW_SCHEDULER_CLS
-        if "--logits-processors" in argv:
+        if "--logits-processors" in argv and not spec.stock_forcing:
             j = argv.index("--logits-processors")
             del argv[j : j + 2]
     return argv, cmd.env
@@ -112,10 +116,11 @@ def scrape_preemptions(text: str) -> dict[Phase, int]:
     return preemptions
 
 
-def run_side(
-    side: str, spec: AbRealSpec, requests: Sequence[RequestSpec]
-) -> tuple[SimResult, list[str], list[str]]:
-    """Start one side's server, replay ``requests``, scrape its counters, stop it."""
+@contextmanager
+def serving(side: str, spec: AbRealSpec) -> Iterator[str]:
+    """One side's server on a free 127.0.0.1 port while the block runs (its base URL); stopped,
+    with its whole process group, afterwards. Its log is ``server-SIDE.log`` in
+    ``spec.log_dir`` (a fresh temporary folder when unset)."""
     port = free_port()
     log_dir = spec.log_dir or Path(tempfile.mkdtemp(prefix="meridian-abreal-"))
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -136,11 +141,7 @@ def run_side(
         )
         try:
             wait_healthy(proc, url, spec.startup_timeout_s, log_path)
-            run = RealRunSpec(
-                url=f"{url}/v1", model=spec.model, replay_think_lengths=spec.replay_think_lengths
-            )
-            result, errors, retried = run_real(run, requests, side)
-            preemptions = scrape_preemptions(httpx.get(f"{url}/metrics", timeout=10).text)
+            yield url
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -148,5 +149,17 @@ def run_side(
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def run_side(
+    side: str, spec: AbRealSpec, requests: Sequence[RequestSpec]
+) -> tuple[SimResult, list[str], list[str]]:
+    """Start one side's server, replay ``requests``, scrape its counters, stop it."""
+    with serving(side, spec) as url:
+        run = RealRunSpec(
+            url=f"{url}/v1", model=spec.model, replay_think_lengths=spec.replay_think_lengths
+        )
+        result, errors, retried = run_real(run, requests, side)
+        preemptions = scrape_preemptions(httpx.get(f"{url}/metrics", timeout=10).text)
     result.counters.preemptions_by_phase = preemptions
     return result, errors, retried

@@ -81,6 +81,9 @@ BUDGET_REFIT_STEPS = 16
 # moves this fraction of the way to each new step's.
 PACE_HISTORY_STEPS = 64
 STEP_TIME_WEIGHT = 0.1
+# Waiting requests headroom admission looks at: the head of the engine's waiting queue (both
+# adapters pass this many).
+ADMISSION_CANDIDATES = 64
 _NO_GUARD = sys.maxsize
 
 
@@ -207,6 +210,11 @@ class RequestState:
     def phase(self) -> Phase:
         """The request's phase (the router's)."""
         return self.phase_state.phase
+
+
+def _reasoned(st: RequestPhaseState) -> bool:
+    """The request had a think phase (it thought, or at least opened and closed one)."""
+    return st.num_think_tokens > 0 or st.num_marker_tokens > 0
 
 
 class MeridianPolicy:
@@ -336,8 +344,7 @@ class MeridianPolicy:
         state = self._states.get(request_id)
         if state is not None and num_output_tokens is not None:
             st = state.phase_state
-            thought = st.num_think_tokens > 0 or st.num_marker_tokens > 0
-            think = st.num_think_tokens if thought else None
+            think = st.num_think_tokens if _reasoned(st) else None
             rest = max(0, num_output_tokens - st.num_think_tokens)
             self.lengths.finished(think, rest, state.num_prompt_tokens)
         self.revision += 1
@@ -531,10 +538,11 @@ class MeridianPolicy:
         """
         now_time = self.clock()
         self._sample_step_time(now_time)
-        if not self._idle:
-            dt = now_time - self._plan_time
-            self._mean_step_s += STEP_TIME_WEIGHT * (dt - self._mean_step_s)
-        self._idle = False
+        if self._answer_pace_s:
+            if not self._idle:
+                dt = now_time - self._plan_time
+                self._mean_step_s += STEP_TIME_WEIGHT * (dt - self._mean_step_s)
+            self._idle = False
         self._plan_time = now_time
         self.stats.num_plans += 1
         if len(running) < 2:
@@ -713,8 +721,7 @@ class MeridianPolicy:
                 kinds.append(Kind.THINKING)
                 progress.append(st.num_think_tokens)
             else:
-                thought = st.num_think_tokens > 0 or st.num_marker_tokens > 0
-                kinds.append(Kind.ANSWERING if thought else Kind.CHAT)
+                kinds.append(Kind.ANSWERING if _reasoned(st) else Kind.CHAT)
                 progress.append(num_tokens - state.num_prompt_tokens - st.num_think_tokens)
         return kinds, progress, tokens
 

@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from meridian.core.policy import Plan
+from meridian.core.policy import ADMISSION_CANDIDATES, Plan
 from meridian.errors import MeridianError
 from meridian.sim.kvcache import PrefixCachingBlockPool
 from meridian.sim.records import RunCounters, SimResult, TimeSample
@@ -45,8 +45,6 @@ from meridian.sim.streams import Stream
 
 ENGINE_NAME = "model"
 
-# Waiting requests a policy may look at when it limits admissions (the head of the queue).
-ADMISSION_CANDIDATES = 64
 # Event priorities at the same instant: arrivals before the step's end.
 _ARRIVAL, _STEP_END = 0, 1
 

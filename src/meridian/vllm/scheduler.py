@@ -46,7 +46,12 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from meridian.core.policy import MeridianPolicy, PolicyStats, output_budget_setting
+from meridian.core.policy import (
+    ADMISSION_CANDIDATES,
+    MeridianPolicy,
+    PolicyStats,
+    output_budget_setting,
+)
 from meridian.core.types import ForceReason, Phase, PhaseEvent
 from meridian.errors import ConfigError
 from meridian.telemetry.metrics import MeridianMetrics
@@ -67,8 +72,6 @@ logger = logging.getLogger(__name__)
 # scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
 # like $MERIDIAN_CONFIG). "auto": measured (meridian.core.stepfit); 0: the whole batch.
 ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
-# Waiting requests headroom admission looks at (the head of vLLM's waiting queue).
-ADMISSION_CANDIDATES = 64
 # Requests that ran to their end (their lengths teach headroom admission).
 _COMPLETED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 # meridian_schedule_overhead_seconds samples are published in batches of this many steps.
