@@ -76,6 +76,13 @@ def test_think_limit_floor_is_not_fooled_by_float_rounding() -> None:
     assert s.schedule(capacity=1000, output_budget=100).num_think == 230
 
 
+def test_a_huge_multiplier_is_no_limit_not_an_overflow() -> None:
+    s = make(multiplier=1e308)  # 1e308 * 100 is inf as a float
+    add_all(s, "T" * 30)
+    assert s.schedule(capacity=1000, output_budget=100).num_think == 30
+    assert s.defers_none(30, capacity=1000, output_budget=100)
+
+
 def test_think_limit_is_what_capacity_leaves_after_output() -> None:
     s = make(multiplier=4.0)
     add_all(s, "OOO" + "T" * 10)
@@ -463,3 +470,50 @@ def test_think_wait_never_exceeds_guard_and_output_never_after_think(
                 waits[rid] += 1
                 assert waits[rid] <= starvation_steps
         assert sorted(plan.served + plan.deferred) == sorted(f"r{i}" for i in range(len(phases)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(alphabet="PTO", max_size=12),
+    st.integers(0, 6),
+    st.integers(1, 16),
+    st.one_of(st.none(), st.integers(0, 8)),
+    st.sampled_from([1.0, 1.5, 2.5]),
+)
+def test_defers_none_is_a_promise_schedule_keeps(
+    queued: str, newcomers: int, capacity: int, budget: int | None, multiplier: float
+) -> None:
+    """Whatever phases the newcomers turn out to have, ``defers_none`` never promises a step
+    that ``schedule`` then defers someone in; and with no newcomers and no output queue over
+    capacity it is exact for think-only queues."""
+    s = make(multiplier)
+    add_all(s, queued)
+    n = len(queued) + newcomers
+    promised = s.defers_none(n, capacity, budget)
+    for phases in ("P" * newcomers, "T" * newcomers, "O" * newcomers):
+        trial = make(multiplier)
+        add_all(trial, queued + phases)
+        plan = trial.schedule(capacity=capacity, output_budget=budget)
+        if promised:
+            assert plan.deferred == []
+    if not newcomers and set(queued) <= {"T"}:
+        plan = make(multiplier)
+        add_all(plan, queued)
+        assert promised == (plan.schedule(capacity=capacity, output_budget=budget).deferred == [])
+
+
+def test_serve_all_is_a_step_that_deferred_nobody() -> None:
+    s = make(multiplier=1.0)
+    add_all(s, "TTTO")
+    plan = s.schedule(capacity=8, output_budget=1)  # think limit 1: r1 and r2 deferred
+    assert plan.deferred == ["r1", "r2"]
+    s.serve_all()
+    assert s.last_batch_sizes == {Phase.OUTPUT: 1, Phase.THINK: 3}
+    assert s.last_plan is plan, "the last schedule() result stays"
+    # Deferral counts restart: r1, deferred once before serve_all, starves only after two more.
+    s2 = make(multiplier=1.0, starvation_steps=2)
+    add_all(s2, "TT")
+    s2.schedule(capacity=8, output_budget=1)
+    s2.serve_all()
+    starving = [s2.schedule(capacity=8, output_budget=1).num_starving_served for _ in range(3)]
+    assert starving == [0, 0, 1]

@@ -156,6 +156,50 @@ def test_the_order_is_planned_again_only_while_the_plan_defers() -> None:
     assert policy.stats.num_reordered_steps == 3, "nothing changed: the fast path"
 
 
+def test_an_order_that_cannot_change_the_step_is_not_planned() -> None:
+    # Block size 4; every request decodes at a block boundary (4 computed of 5): 1 block each.
+    policy = make_policy(max_step_tokens=16)
+    t1, o1, t2 = (admitted(policy, rid, THINK_PROMPT) for rid in ("t1", "o1", "t2"))
+    for r in (t1, o1, t2):
+        r.output += [7, END if r is o1 else 7]
+        r.num_computed_tokens = 4
+        policy.observe_many([(r.request_id, r.output)], 1)  # o1 answers now
+    running = [t1, o1, t2]
+    plan = policy.plan(running, step=2, num_free_blocks=3)
+    assert plan.order is running and plan.skip == [] and plan.victims == []
+    assert policy.stats.num_reordered_steps == 0 and policy.stats.num_engine_order_steps == 1
+    assert policy.queues.last_batch_sizes == {Phase.OUTPUT: 1, Phase.THINK: 2}
+    policy.check_integrity()
+    # Two free blocks for three that need one: a preemption is possible, so the order is
+    # planned: the answer first, the thinking request with the least KV last (the victim).
+    t2.num_computed_tokens = 3
+    t2.output.append(7)  # 3 computed of 6: 3 new tokens, still 1 block
+    plan = policy.plan(running, step=3, num_free_blocks=2)
+    assert ids(plan.order) == ["o1", "t1", "t2"] and policy.stats.num_reordered_steps == 1
+    # The tokens count too: with ample blocks, a 20-token prefill beyond the budget of 16.
+    long = FakeRequest("p", list(range(20, 40)))
+    policy.track("p", long.prompt)
+    plan = policy.plan([*running, long], step=4, num_free_blocks=100)
+    assert ids(plan.order)[0] == "o1" and policy.stats.num_reordered_steps == 2
+    policy.untrack("p")
+    assert policy.plan(running, step=5, num_free_blocks=100).order is running
+    # Without a token budget (the default), every change is planned.
+    unbounded = make_policy()
+    a, b = (admitted(unbounded, rid, THINK_PROMPT) for rid in ("a", "b"))
+    unbounded.plan([a, b], step=1, num_free_blocks=100)
+    assert unbounded.stats.num_reordered_steps == 1
+    assert unbounded.stats.num_engine_order_steps == 0
+
+
+def test_the_engine_order_is_kept_only_while_nobody_can_be_deferred() -> None:
+    policy = make_policy(output_budget=1, max_step_tokens=64)  # think limit floor(2.5) = 2
+    thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(2)]
+    assert policy.plan(thinks, step=1, num_free_blocks=100).order is thinks
+    thinks.append(admitted(policy, "t2", THINK_PROMPT))  # a third thinker: one is deferred
+    plan = policy.plan(thinks, step=2, num_free_blocks=100)
+    assert ids(plan.skip) == ["t2"] and policy.stats.num_reordered_steps == 1
+
+
 def test_answer_streams_hold_rather_than_preempt_each_other() -> None:
     policy = make_policy()
     answers = [admitted(policy, f"o{i}", PLAIN_PROMPT) for i in range(4)]

@@ -166,7 +166,21 @@ class Physics(Engine):
 
 class PhaseAware(Physics):
     """Also checks Meridian's promise at every preemption: an answer stream is a victim only
-    when no thinking request holds KV."""
+    when no thinking request holds KV; and that a step whose order the policy left to the
+    engine (no order could change it) schedules every running request in full, preempting
+    nobody."""
+
+    def _start_step(self) -> int:
+        core = self.policy.core  # type: ignore[attr-defined]
+        kept = core.stats.num_engine_order_steps
+        wanted = {r.request_id: r.num_tokens - r.num_computed_tokens for r in self.running}
+        preempted = sum(self.counters.preemptions_by_phase.values())
+        duration = super()._start_step()
+        if core.stats.num_engine_order_steps > kept:
+            assert sum(self.counters.preemptions_by_phase.values()) == preempted
+            scheduled = {r.request_id: n for r, n in self._scheduled}
+            assert all(scheduled.get(rid) == n for rid, n in wanted.items())
+        return duration
 
     def _preempt(self, req, scheduled):  # type: ignore[no-untyped-def]
         if req.phase is Phase.OUTPUT:
@@ -218,6 +232,23 @@ def test_under_pressure_meridian_preempts_think_before_answers() -> None:
     assert fcfs.counters.preemptions_by_phase.get(Phase.OUTPUT, 0) > 0
     assert meridian.counters.preemptions_by_phase.get(Phase.OUTPUT, 0) == 0
     assert meridian.counters.preemptions_by_phase.get(Phase.THINK, 0) > 0
+
+
+def test_the_engine_order_is_kept_only_where_it_changes_nothing() -> None:
+    """Under pressure some steps need Meridian's order and others cannot be changed by any
+    order: PhaseAware checks each of the latter schedules everyone in full, preempting nobody."""
+    specs = make_specs(80, seed=7, gap_s=0.01)
+    spec = parse_policy("meridian-sched")
+    engine = PhaseAware(
+        EngineConfig(num_kv_blocks=250, max_num_seqs=32, max_num_batched_tokens=512),
+        LinearStepTime(),
+        make_sim_policy(spec, CONFIG, ITL_NS),
+    )
+    result = engine.run(streams_for(spec, specs))
+    stats = engine.policy.core.stats  # type: ignore[attr-defined]
+    assert stats.num_engine_order_steps > 0 and stats.num_reordered_steps > 0
+    assert result.counters.preemptions_by_phase.get(Phase.THINK, 0) > 0
+    assert result.counters.preemptions_by_phase.get(Phase.OUTPUT, 0) == 0
 
 
 def test_headroom_admission_turns_preemption_into_queueing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,6 +88,10 @@ class DualQueueScheduler:
         self._next_seq = 0
         self._num_think_queued = 0
         self._last_plan: SchedulePlan | None = None
+        # Requests served by the last step, (output queue, think queue), and whether any
+        # deferral count is above 0 (so serve_all has some to reset).
+        self._last_sizes = (0, 0)
+        self._any_deferred = False
 
     # -- tracking -------------------------------------------------------------------------
 
@@ -196,6 +200,8 @@ class DualQueueScheduler:
             entry.num_deferred += 1
             deferred.append(entry.request_id)
 
+        self._last_sizes = (num_output, len(starving) + num_fill)
+        self._any_deferred = bool(deferred)
         plan = SchedulePlan(
             served=served,
             deferred=deferred,
@@ -205,6 +211,27 @@ class DualQueueScheduler:
         )
         self._last_plan = plan
         return plan
+
+    def defers_none(self, num_running: int, capacity: int, output_budget: int | None) -> bool:
+        """Whether ``schedule`` would serve every one of ``num_running`` requests: the queued
+        ones plus up to ``num_running - len(self)`` not yet added, in any phase. O(1)."""
+        budget = capacity if output_budget is None else output_budget
+        think_limit = floor_fraction(self._think_batch_multiplier, budget)
+        return num_running <= capacity and num_running - self.num_output_queued <= think_limit
+
+    def serve_all(self) -> None:
+        """Record a step that served every queued request, without planning it.
+
+        For a caller that knows no request can be deferred (the running set fits both
+        ``capacity`` and the think limit): what ``schedule`` would do then at O(1) cost, unless
+        the last plan deferred some (their counts reset). :attr:`last_plan` stays the last
+        ``schedule`` result.
+        """
+        if self._any_deferred:
+            for entry in self._entries.values():
+                entry.num_deferred = 0
+            self._any_deferred = False
+        self._last_sizes = (self.num_output_queued, self._num_think_queued)
 
     # -- observation ----------------------------------------------------------------------
 
@@ -234,10 +261,8 @@ class DualQueueScheduler:
         PREFILL requests count under ``Phase.OUTPUT`` (their queue). All zero before the first
         step.
         """
-        plan = self._last_plan
-        if plan is None:
-            return {Phase.OUTPUT: 0, Phase.THINK: 0}
-        return {Phase.OUTPUT: plan.num_output, Phase.THINK: plan.num_think}
+        num_output, num_think = self._last_sizes
+        return {Phase.OUTPUT: num_output, Phase.THINK: num_think}
 
     def deferred_steps(self, request_id: str) -> int:
         """Consecutive steps the request has been deferred so far (0 after it is served)."""

@@ -77,38 +77,72 @@ class Kind(enum.IntEnum):
     CHAT = 2  # never thought; progress = answer tokens
 
 
+# Progress keys: kind * _KIND_STRIDE + progress, so one sorted array holds every kind's edges.
+_KIND_STRIDE = 1 << 40
+
+
+def _survival(remaining: IntArray, grid: FloatArray) -> FloatArray:
+    """P(remaining > g) for each ``g`` of ``grid``, over the samples ``remaining``."""
+    ordered = np.sort(remaining)
+    at_most: IntArray = np.searchsorted(ordered, grid, side="right")
+    result: FloatArray = 1.0 - at_most / len(ordered)
+    return result
+
+
 class _Curves:
     """Survival curves of one kind: ``surv[b, k]`` = P(still running ``grid[k]`` steps from now)
-    for a request whose progress falls in bucket ``b`` (``edges[b] <= progress``)."""
+    for a request whose progress falls in bucket ``b`` (``edges[b] <= progress``); ``empty[b]``:
+    no sample got past ``edges[b]`` (such a request is projected with the last row)."""
 
-    __slots__ = ("edges", "surv")
+    __slots__ = ("edges", "empty", "surv")
 
     def __init__(self, progress: IntArray, remaining_after: IntArray, grid: FloatArray) -> None:
         # A request at progress e is like the samples with progress-length > e; its remaining
-        # length is (length - e) + remaining_after. Edges: 0 and quantiles of the lengths.
-        qs = np.quantile(progress, np.linspace(0.0, 1.0, NUM_BUCKETS + 1)[:-1])
-        edges = np.unique(np.concatenate(([0], np.floor(qs).astype(np.int64))))
+        # length is (length - e) + remaining_after. Edges: 0 and quantiles of the lengths (the
+        # sample at or below each), without repeats. (Not np.quantile or np.unique: their first
+        # call imports numpy modules, ~20 ms on the scheduler's thread.)
+        ordered = np.sort(progress)
+        at = (np.arange(NUM_BUCKETS) * (len(ordered) - 1)) // NUM_BUCKETS
+        edges = np.concatenate(([0], ordered[at]))
+        edges = edges[np.concatenate(([True], edges[1:] != edges[:-1]))]
         surv = np.zeros((len(edges) + 1, len(grid)))
         for b, edge in enumerate(edges):
             beyond = progress > edge
             if beyond.any():
-                rest = (progress[beyond] - edge + remaining_after[beyond]).astype(np.float64)
-                surv[b] = (rest[:, None] > grid[None, :]).mean(axis=0)
+                surv[b] = _survival(progress[beyond] - edge + remaining_after[beyond], grid)
         # Past every sample: nothing is known but that it runs now; assume the shortest tail,
         # remaining_after alone (for answers that is 0: it ends at once).
-        surv[-1] = (remaining_after[:, None] > grid[None, :]).mean(axis=0)
+        surv[-1] = _survival(remaining_after, grid)
         surv[-1, 0] = 1.0
-        self.edges = np.append(edges, np.iinfo(np.int64).max)
+        self.edges = np.append(edges, _KIND_STRIDE - 1)
         self.surv = surv
+        self.empty = surv[:, 0] == 0.0
 
-    def bucket(self, progress: IntArray) -> IntArray:
-        """Each progress's bucket; the last (past every sample) when beyond the last edge
-        that any sample exceeds."""
-        b: IntArray = np.searchsorted(self.edges, progress, side="right") - 1
-        # A bucket whose curve is empty (no sample beyond its edge) is past every sample.
-        empty = self.surv[b, 0] == 0.0
-        b[empty] = len(self.edges) - 1
-        return b
+
+class _Table:
+    """Every kind's curves in one array, so projecting a mixed set of requests is one
+    ``searchsorted`` and one gather: ``surv[row[searchsorted(keys, kind * stride + progress)
+    - 1]]``, where ``row`` sends a bucket no sample got past to its kind's last row."""
+
+    __slots__ = ("keys", "row", "surv")
+
+    def __init__(self, curves: dict[Kind, _Curves]) -> None:
+        keys: list[IntArray] = []
+        rows: list[IntArray] = []
+        survs: list[FloatArray] = []
+        offset = 0
+        for kind in Kind:
+            curve = curves[kind]
+            n = len(curve.edges)
+            keys.append(curve.edges + kind * _KIND_STRIDE)
+            local = np.arange(n)
+            local[curve.empty] = n - 1
+            rows.append(local + offset)
+            survs.append(curve.surv)
+            offset += n
+        self.keys = np.concatenate(keys)
+        self.row = np.concatenate(rows)
+        self.surv = np.concatenate(survs)
 
 
 class LengthModel:
@@ -125,7 +159,7 @@ class LengthModel:
         # Whole requests: prompt and everything generated.
         self._sizes: deque[int] = deque(maxlen=MAX_SAMPLES)
         self._since_build = 0
-        self._curves: dict[Kind, _Curves | None] | None = None
+        self._table: _Table | None = None
         self.grid: FloatArray = np.zeros(GRID_POINTS)
 
     @property
@@ -155,10 +189,10 @@ class LengthModel:
             self._after_think.append(num_rest_tokens)
         self._since_build += 1
         if self._since_build >= REBUILD_EVERY:
-            self._curves = None
+            self._table = None
 
-    def _built(self) -> dict[Kind, _Curves | None]:
-        if self._curves is None:
+    def _built(self) -> _Table:
+        if self._table is None:
             think = np.array(self._think, dtype=np.int64)
             after = np.array(self._after_think, dtype=np.int64)
             chat = np.array(self._chat, dtype=np.int64)
@@ -180,8 +214,10 @@ class LengthModel:
                 Kind.ANSWERING: answering or chat_curves,
                 Kind.CHAT: chat_curves or answering,
             }
-            self._curves, self.grid, self._since_build = curves, grid, 0
-        return self._curves
+            complete = {kind: c for kind, c in curves.items() if c is not None}
+            assert len(complete) == len(Kind), "built only once some request finished"
+            self._table, self.grid, self._since_build = _Table(complete), grid, 0
+        return self._table
 
     def expected_blocks(
         self, kinds: Sequence[int], progress: Sequence[int], tokens: Sequence[int], block_size: int
@@ -189,16 +225,15 @@ class LengthModel:
         """Per request, the expected KV blocks it holds at each grid step from now
         (``len(kinds) x GRID_POINTS``); a request's blocks are its tokens over the block size,
         plus half a block (the partly filled last one)."""
-        curves = self._built()
-        k = np.asarray(kinds, dtype=np.int64)
-        p = np.asarray(progress, dtype=np.int64)
+        table = self._built()
+        keys = np.asarray(kinds, dtype=np.int64) * _KIND_STRIDE + np.asarray(
+            progress, dtype=np.int64
+        )
+        rows = table.row[np.searchsorted(table.keys, keys, side="right") - 1]
         c = np.asarray(tokens, dtype=np.float64)
-        surv = np.empty((len(k), GRID_POINTS))
-        for kind, curve in curves.items():
-            mask = k == kind
-            if curve is not None and mask.any():
-                surv[mask] = curve.surv[curve.bucket(p[mask])]
-        blocks: FloatArray = ((c[:, None] + self.grid[None, :]) / block_size + 0.5) * surv
+        blocks: FloatArray = ((c[:, None] + self.grid[None, :]) / block_size + 0.5) * table.surv[
+            rows
+        ]
         return blocks
 
 

@@ -46,7 +46,7 @@ from meridian.config.schema import SchedulerConfig
 from meridian.core.budget import RequestBudget
 from meridian.core.dual_queue import DualQueueScheduler
 from meridian.core.headroom import MIN_REQUESTS_IN_CACHE, Kind, LengthModel, admissible
-from meridian.core.preemption import Candidate, VictimClass, rank_victims
+from meridian.core.preemption import VICTIM_CLASS, Candidate, rank_victims
 from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
 from meridian.core.stepfit import DecodeStepTime
 from meridian.core.types import (
@@ -158,11 +158,13 @@ class PolicyStats:
     tokens of one request (1 = a token every step): a preempted or held answer stream shows here
     as a stall. ``num_forced_inferred`` counts think phases that ended exactly at their hard cap
     (plus the transition phrase): hard-cap forces as seen from the token stream (entropy-driven
-    forces are known only to the forcing logits processor).
+    forces are known only to the forcing logits processor). ``num_engine_order_steps`` counts
+    the plans that kept the engine's order because no order could change the step.
     """
 
     num_plans: int = 0
     num_reordered_steps: int = 0
+    num_engine_order_steps: int = 0
     num_admissions_held: int = 0
     num_deferred: int = 0
     num_answer_holds: int = 0
@@ -181,6 +183,7 @@ class PolicyStats:
         return {
             "num_plans": self.num_plans,
             "num_reordered_steps": self.num_reordered_steps,
+            "num_engine_order_steps": self.num_engine_order_steps,
             "num_admissions_held": self.num_admissions_held,
             "num_deferred": self.num_deferred,
             "num_answer_holds": self.num_answer_holds,
@@ -246,6 +249,7 @@ class MeridianPolicy:
         transition_len: int = 0,
         listener: PolicyListener | None = None,
         admission: Literal["headroom", "vllm"] = "headroom",
+        max_step_tokens: int | None = None,
     ) -> None:
         if block_size < 1 or capacity < 1:
             raise ValueError(f"block_size and capacity must be >= 1; got {block_size}, {capacity}")
@@ -263,6 +267,8 @@ class MeridianPolicy:
         # "headroom": admit only what the projected KV growth leaves room for (core.headroom).
         self.admission = admission
         self.admission_reserve = float(config.admission_reserve)
+        # The engine's token budget per step; None: unknown, every change is re-planned.
+        self.max_step_tokens = max_step_tokens
         self.lengths = LengthModel()
         self.stats = PolicyStats()
         self._states: dict[str, RequestState] = {}
@@ -292,6 +298,11 @@ class MeridianPolicy:
         self._last_ids: frozenset[str] = frozenset()
         self._num_ranked = 0
         self._next_guard_expiry = _NO_GUARD
+        # The running list is in the engine's own order, kept because no order could change
+        # what the next step does (_order_is_moot); checked again every step.
+        self._moot = False
+        # Running requests with more than one token to compute, by id (_order_is_moot).
+        self._partial: dict[str, EngineRequest] = {}
         # Bumped whenever a gauge an adapter publishes may change (tracked count, queue depths,
         # batch sizes): tracking, phase changes, preemptions, new plans.
         self.revision = 0
@@ -352,6 +363,7 @@ class MeridianPolicy:
             self.listener.request_finished(request_id)
         self.queues.remove(request_id)
         self._queued.discard(request_id)
+        self._partial.pop(request_id, None)
         self._states.pop(request_id, None)
         self._answered.pop(request_id, None)
 
@@ -481,6 +493,7 @@ class MeridianPolicy:
         self.revision += 1
         self.queues.remove(request_id)
         self._queued.discard(request_id)
+        self._partial.pop(request_id, None)
         self._dirty = True
         return phase
 
@@ -545,21 +558,22 @@ class MeridianPolicy:
             self._idle = False
         self._plan_time = now_time
         self.stats.num_plans += 1
-        if len(running) < 2:
-            order: Sequence[R] = running
-            skip: list[R] = []
-        elif (
-            self._dirty
-            or self._deferring
-            or step >= self._next_guard_expiry
+        order: Sequence[R] = running
+        skip: list[R] = []
+        if len(running) >= 2:
             # Engines append every request they admit and otherwise only remove, so a
             # newcomer, if any, is last: checking the tail avoids touching every request.
-            or len(running) > len(self._last_ids)
-            or running[-1].request_id not in self._last_ids
-        ):
-            order, skip = self._full_order(running, step)
-        else:
-            order, skip = running, []
+            newcomer = (
+                len(running) > len(self._last_ids) or running[-1].request_id not in self._last_ids
+            )
+            changed = newcomer or self._dirty or self._deferring or step >= self._next_guard_expiry
+            if changed or self._moot:
+                if self._order_is_moot(running, num_free_blocks, newcomer or not self._moot):
+                    self.stats.num_engine_order_steps += 1
+                    if changed:
+                        self._keep_engine_order(running, step, newcomer)
+                else:
+                    order, skip = self._full_order(running, step)
         held = self._hold_answers(order, num_free_blocks)
         if held:
             skip = skip + held if skip else held
@@ -593,17 +607,81 @@ class MeridianPolicy:
         self.stats.num_paced += len(paced)
         return paced
 
-    def _full_order(self, running: Sequence[R], step: int) -> tuple[list[R], list[R]]:
-        queues, queued, states = self.queues, self._queued, self._states
+    def _order_is_moot(self, running: Sequence[R], num_free_blocks: int, rescan: bool) -> bool:
+        """Whether the coming step does the same whatever the order of ``running``.
+
+        It does when the engine will schedule every running request in full: nobody can be
+        deferred (the dual queue would serve all), their tokens fit the step's token budget,
+        and the free blocks cover the most each can need (a request computing ``n`` new tokens
+        after ``c`` opens at most ``ceil((c + n) / block_size) - ceil(c / block_size)`` blocks;
+        a decode at most 1, counted as 1 token even where an asynchronous engine already counted
+        it). Then no request is preempted or left out and the engine's own order serves as well:
+        planning it would cost a re-plan per phase change for nothing (the lazy order,
+        ADR-0013). Unknown token budget (``max_step_tokens`` None): never.
+
+        Cost: decodes stay decodes until they leave the running set, so only the requests with
+        more than one token to compute (prefill chunks, recomputes) are looked at, kept in
+        ``_partial``; ``rescan`` (a newcomer, or the last step was planned) rebuilds it.
+        """
+        budget = self.max_step_tokens
+        n = len(running)
+        if (
+            budget is None
+            or num_free_blocks < n
+            or budget < n
+            or not self.queues.defers_none(n, self.capacity, self.output_budget)
+        ):
+            return False
+        partial = self._partial
+        if rescan:
+            partial.clear()
+            for request in running:
+                if request.num_tokens - request.num_computed_tokens > 1:
+                    partial[request.request_id] = request
+        bs = self.block_size
+        tokens = blocks = n  # one token and at most one block each, and for the partial ones:
+        for rid, part in list(partial.items()):
+            computed = part.num_computed_tokens
+            new = part.num_tokens - computed
+            if new <= 1:
+                del partial[rid]
+                continue
+            tokens += new - 1
+            blocks += (computed + new + bs - 1) // bs - (computed + bs - 1) // bs - 1
+        return tokens <= budget and blocks <= num_free_blocks
+
+    def _keep_engine_order(self, running: Sequence[R], step: int, newcomer: bool) -> None:
+        """Keep the engine's order: the dual queue takes in newcomers and records a step that
+        served everyone."""
+        if newcomer or not self._moot:
+            self._sync_queued(running, step)
+            self._last_ids = frozenset(r.request_id for r in running)
+        self.queues.serve_all()
+        self._moot = True
+        self._dirty = False
+        self._deferring = False
+        self._next_guard_expiry = _NO_GUARD
+        self._num_ranked = 0
+        self.revision += 1
+
+    def _sync_queued(self, running: Sequence[R], step: int) -> dict[str, R]:
+        """The dual queue holds exactly ``running``: leavers removed, newcomers admitted in the
+        engine's order (the order it admitted them). Returns ``running`` by id."""
+        queues, queued = self.queues, self._queued
         by_id = {r.request_id: r for r in running}
         if len(queued) != len(by_id) or not queued.issuperset(by_id):
             for rid in queued - by_id.keys():
                 queues.remove(rid)
                 queued.discard(rid)
-            # New and re-admitted requests, in the engine's order (the order it admitted them).
             for request in running:
                 if request.request_id not in queued:
                     self._admit(request.request_id, step)
+        return by_id
+
+    def _full_order(self, running: Sequence[R], step: int) -> tuple[list[R], list[R]]:
+        queues, states = self.queues, self._states
+        by_id = self._sync_queued(running, step)
+        self._moot = False
         plan = queues.schedule(
             capacity=max(self.capacity, len(by_id)), output_budget=self.output_budget
         )
@@ -619,8 +697,10 @@ class MeridianPolicy:
             if guarded:
                 assert readmitted is not None
                 guard_expiry = min(guard_expiry, readmitted + READMIT_GUARD_STEPS)
-            victim_class = VictimClass.of(state.phase, guarded=guarded)
-            candidates.append(Candidate(rid, victim_class, by_id[rid].num_computed_tokens))
+            computed = by_id[rid].num_computed_tokens
+            if computed > 0:  # preempting a request without KV frees nothing: never ranked
+                victim_class = VICTIM_CLASS[state.phase_state.phase, guarded]
+                candidates.append(Candidate(rid, victim_class, computed))
         max_victims = max(1, floor_fraction(self.preempt_max_fraction, len(by_id)))
         victims = rank_victims(candidates, max_victims=max_victims)
         ranked = {v.request_id for v in victims}
@@ -693,8 +773,8 @@ class MeridianPolicy:
         lengths, bs = self.lengths, self.block_size
         if num_blocks * bs < MIN_REQUESTS_IN_CACHE * lengths.mean_request_tokens:
             return None
-        candidates = lengths.expected_blocks(*self._progress(waiting), bs)
-        grown = lengths.expected_blocks(*self._progress(running), bs)
+        blocks = lengths.expected_blocks(*self._progress([*running, *waiting]), bs)
+        grown, candidates = blocks[: len(running)], blocks[len(running) :]
         count = admissible(grown, candidates, num_blocks * (1.0 - self.admission_reserve))
         if count < len(waiting):
             self.stats.num_admissions_held += 1

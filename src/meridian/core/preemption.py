@@ -45,10 +45,20 @@ class VictimClass(enum.IntEnum):
         >>> VictimClass.of(Phase.OUTPUT, guarded=False)
         <VictimClass.ANSWERING: 2>
         """
-        if phase is Phase.COMPLETE:
-            raise ValueError("a COMPLETE request is not running and cannot be a victim")
-        answering = phase is Phase.OUTPUT
-        return cls(2 * answering + guarded)
+        try:
+            return VICTIM_CLASS[phase, guarded]
+        except KeyError:
+            raise ValueError(
+                f"a {phase.name} request is not running and cannot be a victim"
+            ) from None
+
+
+# The class of a running request by (phase, guarded): the lookup re-plans make per request.
+VICTIM_CLASS: dict[tuple[Phase, bool], VictimClass] = {
+    (phase, guarded): VictimClass(2 * (phase is Phase.OUTPUT) + guarded)
+    for phase in (Phase.PREFILL, Phase.THINK, Phase.OUTPUT)
+    for guarded in (False, True)
+}
 
 
 class Candidate(NamedTuple):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -15,8 +16,10 @@ _FLOOR_EPSILON = 1e-9
 
 
 def floor_fraction(fraction: float, count: int) -> int:
-    """``floor(fraction * count)`` as a person means it: 0.29 of 100 is 29, not 28."""
-    return math.floor(fraction * count + _FLOOR_EPSILON)
+    """``floor(fraction * count)`` as a person means it: 0.29 of 100 is 29, not 28; a product
+    too large for any count (e.g. ``think_batch_multiplier = 1e308``) is ``sys.maxsize``."""
+    product = fraction * count + _FLOOR_EPSILON
+    return math.floor(product) if product < sys.maxsize else sys.maxsize
 
 
 class Phase(enum.IntEnum):

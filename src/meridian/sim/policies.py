@@ -184,6 +184,7 @@ class _CorePolicy(SimPolicy):
             output_budget=output_budget_setting(self.config.scheduler.output_budget_rows),
             clock=lambda: engine.now_ns / 1e9,
             admission=self.config.scheduler.admission,
+            max_step_tokens=cfg.max_num_batched_tokens,
         )
 
     def on_arrival(self, req: SimRequest) -> None:

@@ -223,6 +223,7 @@ class MeridianScheduler(Scheduler):
             transition_len=len(self.meridian.transition_ids),
             listener=_Telemetry(self.meridian_metrics, self.meridian_tracer),
             admission=config.scheduler.admission,
+            max_step_tokens=self._step_token_budget(),
         )
         self.meridian_overhead = AdapterStats()
         self._logged_errors: set[tuple[str, str]] = set()
@@ -241,6 +242,16 @@ class MeridianScheduler(Scheduler):
             self.meridian.config_source or "defaults",
             self.meridian_reorders,
         )
+
+    def _step_token_budget(self) -> int | None:
+        """The tokens one step can schedule, for the policy's lazy order; ``None`` (plan every
+        change) where a request can need more than its own new tokens: speculative decoding
+        (draft slots, lookahead blocks) and models with several KV cache groups."""
+        if self.num_spec_tokens or self.num_lookahead_tokens:
+            return None
+        if len(self.kv_cache_config.kv_cache_groups) != 1:
+            return None
+        return int(min(self.max_num_scheduled_tokens, self.scheduler_config.max_num_batched_tokens))
 
     @property
     def meridian_stats(self) -> PolicyStats:
