@@ -66,6 +66,27 @@ def test_defaults_match_the_design() -> None:
         ("[entropy]\ntransition_entropy_threshold = inf", "entropy.transition_entropy_threshold"),
         ("[entropy]\nrpdi_threshold = 1e400", "entropy.rpdi_threshold"),
         ("[scheduler]\nanswer_pace_ms = nan", "scheduler.answer_pace_ms"),
+        ("[scheduler]\nthink_tpot_budget_ms = inf", "scheduler.think_tpot_budget_ms must be in"),
+        (
+            "[entropy]\nema_alpha = 5e-324",
+            "entropy.ema_alpha must be at least 4.66e-10 without entropy.eat_min_distance",
+        ),
+        (
+            "[model.x]\nthink_start = '<t>'\nthink_end = '</t>'\nreasoning_parser = 'qwen3'\n"
+            "think_start_token_ids = [-1]",
+            "model.x.think_start_token_ids must hold token ids in [0, 2147483647]; -1 is not",
+        ),
+        (
+            "[model.qwen3]\nthink_end_token_ids = [4611686018427387904]",
+            "model.qwen3.think_end_token_ids must hold token ids in [0, 2147483647]",
+        ),
+        (
+            "[model.qwen3]\nthink_end_token_ids = []",
+            "model.qwen3.think_end_token_ids must list at least one token id",
+        ),
+        ("[model.qwen3]\nthink_end = '<think>'", "model.qwen3.think_end must differ from"),
+        ("[model.qwen3]\nthink_end_token_ids = [151667]", "think_end_token_ids must differ"),
+        ("[model.qwen3]\nthink_start = ''", "model.qwen3.think_start must not be empty"),
         ("[scheduler]\nthink_starvation_steps = 0", "scheduler.think_starvation_steps"),
         ("[scheduler]\npreempt_max_fraction = 1.5", "scheduler.preempt_max_fraction"),
         (
@@ -117,6 +138,16 @@ def test_malformed_toml_gives_file_line_and_column(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(f"{path}:2:")) as info:
         load_config(path)
     assert "malformed TOML" in str(info.value)
+
+
+def test_deep_nesting_is_a_one_line_error() -> None:
+    deep = "[scheduler]\nx = " + "[" * 5000 + "]" * 5000 + "\n"
+    assert error_of(deep) == "m.toml: malformed TOML: arrays or inline tables nested too deeply"
+
+
+def test_a_tiny_ema_alpha_works_with_an_explicit_distance() -> None:
+    c = parse_config_text("[entropy]\nema_alpha = 5e-324\neat_min_distance = 10\n")
+    assert c.entropy.effective_eat_min_distance == 10
 
 
 def test_small_file_overrides_only_what_it_names() -> None:

@@ -62,6 +62,58 @@ def test_knobs_parse() -> None:
     assert parse_request_budget({"meridian_forcing": "off"}) == RequestBudget(None, False)
     assert parse_request_budget({"meridian_forcing": "ON"}) == RequestBudget(None, True)
     assert parse_request_budget({"meridian_forcing": False}) == RequestBudget(None, False)
+    # What vLLM's HTTP server makes of JSON false / true.
+    assert parse_request_budget({"meridian_forcing": 0}) == RequestBudget(None, False)
+    assert parse_request_budget({"meridian_forcing": 1}) == RequestBudget(None, True)
+
+
+def test_the_http_middleware_rejects_a_bool_cap_and_replays_everything_else() -> None:
+    import asyncio
+    import json
+
+    from meridian.vllm.http import KnobCheck, knob_error
+
+    assert knob_error(b'{"vllm_xargs": {"meridian_max_think_tokens": false}}') == (
+        "vllm_xargs.meridian_max_think_tokens must be a positive integer; got false"
+    )
+    for fine in (b"not json meridian_", b'{"vllm_xargs": 3, "x": "meridian_"}', b"[]", b"{}"):
+        assert knob_error(fine) is None
+
+    async def call(path: str, chunks: list[bytes]) -> tuple[list[bytes], list[dict[str, Any]]]:
+        seen: list[bytes] = []
+        sent: list[dict[str, Any]] = []
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            while True:
+                message = await receive()
+                seen.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+
+        inbox = [
+            {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+            for i, c in enumerate(chunks)
+        ]
+
+        async def receive() -> dict[str, Any]:
+            return inbox.pop(0)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path}
+        await KnobCheck(app)(scope, receive, send)
+        return seen, sent
+
+    bad = [b'{"vllm_xargs": {"meridian_max_', b'think_tokens": true}}']
+    seen, sent = asyncio.run(call("/v1/chat/completions", bad))
+    assert seen == [] and sent[0]["status"] == 400
+    assert json.loads(sent[1]["body"])["error"]["message"].endswith("got true")
+    good = [b'{"vllm_xargs": {"meridian_', b'forcing": false}}']
+    seen, sent = asyncio.run(call("/v1/chat/completions", good))
+    assert seen == good and sent == []
+    seen, sent = asyncio.run(call("/v1/models", bad))  # other paths are not read
+    assert seen == bad and sent == []
 
 
 @pytest.mark.parametrize(
@@ -71,8 +123,8 @@ def test_knobs_parse() -> None:
         ({"meridian_max_think_tokens": True}, "meridian_max_think_tokens must be a positive"),
         ({"meridian_max_think_tokens": "64"}, "meridian_max_think_tokens must be a positive"),
         ({"meridian_max_think_tokens": 2.5}, "meridian_max_think_tokens must be a positive"),
-        ({"meridian_forcing": "maybe"}, 'meridian_forcing must be "on" or "off"'),
-        ({"meridian_forcing": [1]}, 'meridian_forcing must be "on" or "off"'),
+        ({"meridian_forcing": "maybe"}, 'meridian_forcing must be "on", "off" or a bool'),
+        ({"meridian_forcing": [1]}, 'meridian_forcing must be "on", "off" or a bool'),
         ({"meridian_max_think": 5}, "unknown Meridian key 'meridian_max_think'"),
     ],
 )
@@ -315,6 +367,7 @@ def test_serve_argv_wires_meridian_in(tmp_path: Any) -> None:
     assert argv[argv.index("--scheduler-cls") + 1] == SCHEDULER_CLS
     assert argv[argv.index("--logits-processors") + 1] == LOGITS_PROCESSOR
     assert argv[argv.index("--reasoning-parser") + 1] == "qwen3"
+    assert argv[argv.index("--middleware") + 1] == "meridian.vllm.http.KnobCheck"
     assert argv[-5:] == ["--port", "8123", "--max-model-len", "4096", "--no-async-scheduling"]
     assert cmd.env["MERIDIAN_MODEL"] == "qwen3"
     assert cmd.env["MERIDIAN_CONFIG"].endswith("meridian.toml")

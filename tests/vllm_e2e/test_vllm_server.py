@@ -128,6 +128,33 @@ def test_bad_knob_is_a_400_and_the_server_keeps_serving(server: str, tiny_model:
     assert ok["reasoning"]
 
 
+def test_knobs_over_http_behave_as_documented(server: str, tiny_model: Path) -> None:
+    """JSON booleans in vllm_xargs: vLLM types them as numbers; Meridian keeps the docs true."""
+
+    def chat(xargs: dict[str, Any]) -> httpx.Response:
+        body = {
+            "model": str(tiny_model),
+            "messages": [{"role": "user", "content": "question 7: what is 7 + 1?"}],
+            "max_tokens": 2 * MAX_THINK + 8,
+            "temperature": 0.0,
+            "vllm_xargs": xargs,
+        }
+        return httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+
+    # Forcing off as a JSON bool: accepted, and the random-weight model thinks past the cap.
+    resp = chat({"meridian_forcing": False})
+    assert resp.status_code == 200, resp.text
+    message = resp.json()["choices"][0]["message"]
+    reasoning = message.get("reasoning") or message.get("reasoning_content") or ""
+    assert message.get("content") in (None, ""), "no </think> forced: the answer never starts"
+    assert reasoning
+    # A bool where the cap is expected: a clear 400, not a cap of 1.
+    resp = chat({"meridian_max_think_tokens": True})
+    assert resp.status_code == 400, resp.text
+    assert "meridian_max_think_tokens must be a positive integer; got true" in resp.text
+    assert chat({"meridian_max_think_tokens": 4}).status_code == 200
+
+
 def test_bench_real_against_the_server_writes_a_valid_report(
     server: str, tiny_model: Path, tmp_path: Path
 ) -> None:

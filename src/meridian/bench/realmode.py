@@ -1,10 +1,11 @@
 """Real mode: replay a workload against a live OpenAI-compatible server and measure it.
 
 Each request of the workload becomes one streaming ``/chat/completions`` call, started at its
-arrival time (relative to the start of the run). Think tokens arrive as ``reasoning_content``
-(or ``reasoning``) deltas when the server runs a reasoning parser, answer tokens as ``content``
-deltas; from their arrival times we measure TTFT, TTFVT, TTOT and output ITL exactly as the
-simulator defines them, and write the same report schema and plots.
+arrival time (relative to the start of the run). Think tokens arrive as ``reasoning`` deltas
+(vLLM 0.32; ``reasoning_content`` in earlier releases and SGLang) when the server runs a
+reasoning parser, answer tokens as ``content`` deltas; from their arrival times we measure
+TTFT, TTFVT, TTOT and output ITL exactly as the simulator defines them, and write the same
+report schema and plots.
 
 With ``replay_think_lengths`` each request carries vLLM's ``thinking_token_budget`` set to its
 think length, so the server's think phases have the workload's lengths (for test models that

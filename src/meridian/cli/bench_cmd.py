@@ -130,7 +130,7 @@ def register(commands: Any) -> None:
         description=(
             "Stream every request of the workload to URL/chat/completions at its arrival time; "
             "measure TTFT, TTFVT (first content token), TTOT and output ITL from the "
-            "reasoning_content/content deltas; write report.json/.md and plots."
+            "reasoning (or reasoning_content) and content deltas; write report.json/.md and plots."
         ),
     )
     real.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000/v1")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from meridian.errors import BoundaryError
 
@@ -39,6 +39,41 @@ class ModelDefinition(BaseModel):
         default=False, description="The chat template puts think_start into the prompt."
     )
 
+    @field_validator("think_start", "think_end")
+    @classmethod
+    def _marker_not_empty(cls, value: str) -> str:
+        if not value:
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("think_start_token_ids", "think_end_token_ids")
+    @classmethod
+    def _ids_in_range(cls, ids: list[int] | None) -> list[int] | None:
+        if ids is not None:
+            if not ids:
+                raise ValueError("must list at least one token id (or be left out)")
+            bad = [i for i in ids if not 0 <= i <= MAX_TOKEN_ID]
+            if bad:
+                raise ValueError(f"must hold token ids in [0, {MAX_TOKEN_ID}]; {bad[0]} is not")
+        return ids
+
+    @model_validator(mode="after")
+    def _start_differs_from_end(self) -> ModelDefinition:
+        if self.think_start == self.think_end:
+            raise ValueError(
+                f"think_end must differ from think_start (a phase needs two boundaries); got "
+                f"{self.think_end!r} for both"
+            )
+        start, end = self.think_start_token_ids, self.think_end_token_ids
+        if start is not None and start == end:
+            raise ValueError(
+                f"think_end_token_ids must differ from think_start_token_ids; got {end} for both"
+            )
+        return self
+
+
+# Token ids are int32 in vLLM's sampler and in every tokenizer vocabulary in use.
+MAX_TOKEN_ID = 2**31 - 1
 
 # Ids from DESIGN.md ("Verified facts"); they are checked against a tokenizer when one is given.
 BUNDLED_MODELS: dict[str, ModelDefinition] = {

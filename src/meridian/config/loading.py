@@ -75,6 +75,10 @@ def parse_config_text(text: str, *, source: str = "<string>") -> MeridianConfig:
                 f"{source}:{match['line']}:{match['col']}: malformed TOML: {match['msg']}"
             ) from None
         raise ConfigError(f"{source}: malformed TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"{source}: malformed TOML: arrays or inline tables nested too deeply"
+        ) from None
     return validate_config(raw, source=source)
 
 

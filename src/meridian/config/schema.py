@@ -188,6 +188,16 @@ class EntropyConfig(_Section):
         256, "Recent window (tokens) of the RPDI ratio; it needs 2 windows of chain to fire.", _U32P
     )
 
+    @model_validator(mode="after")
+    def _eat_distance_fits(self) -> EntropyConfig:
+        if self.eat_min_distance is None and 2.0 / self.ema_alpha > U32_MAX:
+            raise ValueError(
+                f"ema_alpha must be at least {2.0 / U32_MAX:.3g} without entropy.eat_min_distance "
+                f"(its default, ceil(2 / ema_alpha) samples, must fit 32 bits); got "
+                f"{self.ema_alpha!r}"
+            )
+        return self
+
     @property
     def effective_eat_min_distance(self) -> int:
         """``eat_min_distance`` or, when unset, ``ceil(2 / ema_alpha)``."""

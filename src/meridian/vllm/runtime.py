@@ -254,9 +254,10 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
     """The per-request budget from ``SamplingParams.extra_args``; ``None`` when none is set.
 
     Keys: ``meridian_max_think_tokens`` (a positive int: replaces the hard cap for this
-    request) and ``meridian_forcing`` (``"on"``/``"off"`` or a bool; ``"off"`` disables every
-    force, hard cap included). Any other ``meridian_*`` key is a typo and an error; keys
-    without the prefix belong to others and are ignored.
+    request) and ``meridian_forcing`` (``"on"``/``"off"``, a bool, or 0/1, what vLLM's HTTP
+    server makes of a JSON bool; off disables every force, hard cap included). Any other
+    ``meridian_*`` key is a typo and an error; keys without the prefix belong to others and are
+    ignored.
 
     >>> parse_request_budget({"meridian_max_think_tokens": 64})
     RequestBudget(max_think_tokens=64, forcing=True)
@@ -276,7 +277,15 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
             f"extra_args.{KNOB_MAX_THINK_TOKENS} must be a positive integer; got {cap!r}"
         )
     raw = extra_args.get(KNOB_FORCING, "on")
-    forcing = raw if isinstance(raw, bool) else _FORCING_VALUES.get(str(raw).lower())
+    if isinstance(raw, bool):
+        forcing: bool | None = raw
+    elif isinstance(raw, int) and raw in (0, 1):
+        # vLLM's HTTP server turns a JSON bool in vllm_xargs into 0/1 before we see it.
+        forcing = bool(raw)
+    else:
+        forcing = _FORCING_VALUES.get(str(raw).lower())
     if forcing is None:
-        raise RequestArgsError(f'extra_args.{KNOB_FORCING} must be "on" or "off"; got {raw!r}')
+        raise RequestArgsError(
+            f'extra_args.{KNOB_FORCING} must be "on", "off" or a bool; got {raw!r}'
+        )
     return RequestBudget(max_think_tokens=cap, forcing=forcing)

@@ -43,6 +43,7 @@ from meridian.vllm import (
     LOGITS_PROCESSOR_V2,
     SCHEDULER_CLS,
 )
+from meridian.vllm.http import MIDDLEWARE as KNOB_MIDDLEWARE
 from meridian.vllm.runtime import ENV_CONFIG, ENV_MODEL, GENERIC_NAME, GENERIC_THINK_TAGS
 
 __all__ = ["ServeCommand", "build_serve_argv", "guess_model_family", "serve"]
@@ -160,6 +161,8 @@ def build_serve_argv(
         argv += ["--logits-processors", LOGITS_PROCESSOR_V2 if v2_runner else LOGITS_PROCESSOR]
     if not _has_flag(extra_args, "--reasoning-parser"):
         argv += ["--reasoning-parser", definition.reasoning_parser]
+    # Request knobs checked as sent, before vLLM's typing turns a JSON bool into a number.
+    argv += ["--middleware", KNOB_MIDDLEWARE]
     # Loopback unless told otherwise: vLLM alone binds every interface.
     if not _has_flag(extra_args, "--host"):
         argv += ["--host", "127.0.0.1"]
