@@ -62,6 +62,22 @@ def test_only_a_requests_own_blocks_match() -> None:
     assert pool.num_cached_prefix_tokens("b", num_tokens=5) == 0
 
 
+def test_content_computed_again_elsewhere_moves_its_cache_entry() -> None:
+    # a caches block 0, frees it, then allocates a fresh block and computes the same content
+    # there instead of taking its cached copy back: one cache entry, on the new block.
+    pool = PrefixCachingBlockPool(num_blocks=12, block_size=3)
+    pool.allocate("a", 1)
+    pool.cache("a", 3)
+    pool.free("a")
+    pool.allocate("a", 1)
+    pool.cache("a", 3)
+    pool.check_integrity()
+    pool.free("a")
+    assert pool.num_cached_prefix_tokens("a", num_tokens=4) == 3
+    pool.take_cached_prefix("a", 3)
+    pool.check_integrity()
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(1, 12)), max_size=60))
 def test_random_operations_keep_the_pool_consistent(ops: list[tuple[int, int, int]]) -> None:

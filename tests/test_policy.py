@@ -260,6 +260,7 @@ class Recording:
         self.log: list[tuple[str, str]] = []
         self.preemptions: list[tuple[Phase, int]] = []
         self.think_ends: list[tuple[int, bool]] = []
+        self.gaps: list[tuple[float, int]] = []
 
     def request_started(self, request_id: str) -> None:
         self.log.append(("start", request_id))
@@ -276,6 +277,12 @@ class Recording:
     def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
         self.think_ends.append((num_think_tokens, hard_cap))
 
+    def first_answer(self, request_id: str) -> None:
+        self.log.append(("first answer", request_id))
+
+    def answer_gaps(self, seconds: float, count: int) -> None:
+        self.gaps.append((seconds, count))
+
 
 def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> None:
     listener = Recording()
@@ -290,6 +297,7 @@ def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> Non
         ("start", "r"),
         (EnterThink.__name__, "r"),
         (ExitThink.__name__, "r"),
+        ("first answer", "r"),
         ("finish", "r"),
     ]
     assert listener.preemptions == [(Phase.OUTPUT, 3)]
@@ -305,6 +313,24 @@ def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> Non
 
 
 # -- the measured output budget through the injected clock --------------------------------
+
+
+def test_the_listener_hears_first_answers_and_answer_gaps_on_the_clock() -> None:
+    listener, clock = Recording(), Clock()
+    policy = make_policy(listener=listener, clock=clock)
+    thinker = admitted(policy, "t", THINK_PROMPT)
+    chat = admitted(policy, "c", PLAIN_PROMPT)
+    # step: (time, tokens of t, tokens of c); t thinks 1 token then answers; c answers at once.
+    steps = {1: (0.0, [7], [9]), 2: (0.5, [END, 9], [9]), 3: (0.75, [9], [9]), 6: (2.0, [9], [])}
+    for step, (now, t_toks, c_toks) in steps.items():
+        clock.now = now
+        batch = [("t", t_toks)] + ([("c", c_toks)] if c_toks else [])
+        policy.observe_many(batch, step)
+    # A first answer is reported for the request that reasoned only (a chat's is its TTFT).
+    assert [e for e in listener.log if e[0] == "first answer"] == [("first answer", "t")]
+    assert thinker.request_id == "t" and chat.request_id == "c"
+    # c: 1 -> 2 (0.5 s); t and c: 2 -> 3 (0.25 s each); t: 3 -> 6 (a stall of 1.25 s).
+    assert listener.gaps == [(0.5, 1), (0.25, 2), (1.25, 1)]
 
 
 def test_the_output_budget_is_measured_on_the_injected_clock() -> None:

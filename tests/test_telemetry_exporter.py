@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -105,6 +107,28 @@ def test_scrape_reflects_events(served: tuple[MeridianMetrics, int]) -> None:
     assert value(families, cat.QUEUE_DEPTH, phase="think") == 42
     assert value(families, cat.OUTPUT_ITL, "_bucket", le="0.015") == 1
     assert value(families, cat.OUTPUT_ITL, "_bucket", le="0.01") == 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 20, allow_nan=False), st.integers(0, 50)), max_size=8))
+def test_counted_itl_observations_equal_one_by_one(obs: list[tuple[float, int]]) -> None:
+    from prometheus_client import generate_latest
+
+    counted, single = MeridianMetrics(), MeridianMetrics()
+    for seconds, count in obs:
+        counted.observe_output_itl(seconds, count)
+        for _ in range(count):
+            single.observe_output_itl(seconds)
+
+    def itl(m: MeridianMetrics) -> dict[tuple[str, str], float]:
+        families = text_string_to_metric_families(generate_latest(m.registry).decode())
+        family = next(f for f in families if f.name == cat.OUTPUT_ITL.name)
+        return {(s.name, s.labels.get("le", "")): s.value for s in family.samples}
+
+    got, want = itl(counted), itl(single)
+    assert got.keys() == want.keys()
+    for key, v in want.items():
+        assert got[key] == pytest.approx(v, rel=1e-9, abs=1e-9), key
 
 
 def test_exporter_binds_loopback_and_stops() -> None:

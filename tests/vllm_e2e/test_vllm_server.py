@@ -112,6 +112,19 @@ def test_streaming_reasoning_and_metrics(server: str, tiny_model: Path) -> None:
     assert _metric(metrics, "meridian_tracked_requests") == 0
     assert _metric(metrics, "meridian_policy_errors_total") == 0
     assert "meridian_preemptions_total" in metrics
+    # The wait users feel, from the engine-core process: one first answer token per request
+    # that reasoned (all of them), answer gaps between the answer tokens, all plausible.
+    ttfvt_count = _metric(metrics, "meridian_ttfvt_seconds_count")
+    ttfvt_sum = _metric(metrics, "meridian_ttfvt_seconds_sum")
+    itl_count = _metric(metrics, "meridian_output_itl_seconds_count")
+    itl_sum = _metric(metrics, "meridian_output_itl_seconds_sum")
+    print(f"TTFVT {ttfvt_count} samples, sum {ttfvt_sum:.2f} s; ITL {itl_count}, {itl_sum:.2f} s")
+    assert ttfvt_count == n
+    assert 0 < ttfvt_sum / n < STARTUP_TIMEOUT_S
+    assert 0 < itl_count <= n * 40 and 0 < itl_sum / itl_count < 5.0
+    assert _metric(metrics, "meridian_output_itl_seconds_bucket", 'le="+Inf"') == itl_count
+    # Idle again: the batch-size gauges read 0, not the last step's sizes.
+    assert _metric(metrics, "meridian_batch_size") == 0
 
 
 def test_bad_knob_is_a_400_and_the_server_keeps_serving(server: str, tiny_model: Path) -> None:

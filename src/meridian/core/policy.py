@@ -80,6 +80,9 @@ BUDGET_REFIT_STEPS = 16
 # Answer pacing reads the token times of this many recent steps, and the mean step duration
 # moves this fraction of the way to each new step's.
 PACE_HISTORY_STEPS = 64
+# With a listener, the answer gaps it hears are timed over at most this many steps (a stall
+# longer than that is counted in steps, not timed).
+GAP_HISTORY_STEPS = 4096
 STEP_TIME_WEIGHT = 0.1
 # Waiting requests headroom admission looks at: the head of the engine's waiting queue (both
 # adapters pass this many).
@@ -148,6 +151,12 @@ class PolicyListener(Protocol):
     def preempted(self, phase: Phase, num_blocks: int) -> None: ...
 
     def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None: ...
+
+    def first_answer(self, request_id: str) -> None:
+        """A request that reasoned produced its first answer token (its TTFVT is now)."""
+
+    def answer_gaps(self, seconds: float, count: int) -> None:
+        """``count`` answer tokens each came ``seconds`` after their stream's previous one."""
 
 
 @dataclass(slots=True)
@@ -283,6 +292,11 @@ class MeridianPolicy:
         # mean step duration (plan to plan, exponentially weighted).
         self._answer_pace_s = float(config.answer_pace_ms) / 1000.0
         self._token_times: dict[int, float] = {}
+        # Steps of token times kept: for pacing, and for the answer gaps a listener hears.
+        self._time_history = max(
+            PACE_HISTORY_STEPS if self._answer_pace_s else 0,
+            GAP_HISTORY_STEPS if listener is not None else 0,
+        )
         self._mean_step_s = 0.0
         self._idle = True
         # (rows, start time) of the last step if it was decode-only: a step-time sample.
@@ -389,10 +403,10 @@ class MeridianPolicy:
         """
         prev = step - 1
         answered = self._answered
-        if self._answer_pace_s:
-            times = self._token_times
+        times = self._token_times
+        if self._time_history:
             times[step] = self.clock()
-            times.pop(step - PACE_HISTORY_STEPS, None)
+            times.pop(step - self._time_history, None)
         rest: list[tuple[str, Sequence[int]]] = []
         hits = 0
         for rid, toks in batch:
@@ -401,8 +415,12 @@ class MeridianPolicy:
                 hits += 1
             else:
                 rest.append((rid, toks))
-        if hits and not self.stats.max_answer_gap_steps:
-            self.stats.max_answer_gap_steps = 1
+        if hits:
+            if not self.stats.max_answer_gap_steps:
+                self.stats.max_answer_gap_steps = 1
+            if self.listener is not None and prev in times:
+                # Every stream served in both steps waited the same step time.
+                self.listener.answer_gaps(times[step] - times[prev], hits)
         if rest:
             self._observe_rest(rest, step)
 
@@ -426,12 +444,15 @@ class MeridianPolicy:
                 stats.max_answer_gap_steps = max(stats.max_answer_gap_steps, gap)
                 stats.num_answer_gaps_over_2 += gap > 2
                 answered[rid] = step
+                if self.listener is not None and last in self._token_times:
+                    times = self._token_times
+                    self.listener.answer_gaps(times[step] - times[last], 1)
             elif state.phase is think:
                 rids.append(rid)
                 deltas.append(toks)
             elif state.phase is Phase.OUTPUT:
                 # Its think phase ended with the previous delta; these are its first answers.
-                answered[rid] = step
+                self._first_answer(rid, state, step)
             else:
                 others.append((rid, toks))
         if rids:
@@ -462,9 +483,14 @@ class MeridianPolicy:
             self.revision += 1
             if rid in self._queued:
                 self.queues.set_phase(rid, state.phase)
-        if state.phase_state.num_output_tokens:
+        if state.phase_state.num_output_tokens and rid not in self._answered:
             # Its first answer tokens (a delta can end the think phase and start the answer).
-            self._answered[rid] = step
+            self._first_answer(rid, state, step)
+
+    def _first_answer(self, rid: str, state: RequestState, step: int) -> None:
+        self._answered[rid] = step
+        if self.listener is not None and _reasoned(state.phase_state):
+            self.listener.first_answer(rid)
 
     def _on_think_exit(self, rid: str, event: ExitThink) -> None:
         stats = self.stats
@@ -510,9 +536,12 @@ class MeridianPolicy:
             self._timed_step = (num_rows, self._plan_time) if decode_only else None
 
     def on_idle(self) -> None:
-        """The engine has nothing to run: the time until the next step is no step's time."""
+        """The engine has nothing to run: the time until the next step is no step's time, and
+        the last step's batch sizes are no longer current (they read 0)."""
         self._timed_step = None
         self._idle = True
+        self.queues.serve_all()
+        self.revision += 1
 
     def _sample_step_time(self, now: float) -> None:
         timed = self._timed_step

@@ -90,10 +90,16 @@ class PrefixCachingBlockPool:
             return
         num_full = min(num_computed_tokens // self.block_size, len(held))
         start = self._num_cached.get(request_id, 0)
+        key_of, block_of = self._key_of, self._block_of
         for index in range(start, num_full):
             block, key = held[index], (request_id, index)
-            self._key_of[block] = key
-            self._block_of[key] = block
+            stale = block_of.get(key)
+            if stale is not None and stale != block:
+                # The same content computed again in another block (re-allocated without
+                # taking its cached copy back): the new block holds it; the old one is plain free.
+                del key_of[stale]
+            key_of[block] = key
+            block_of[key] = block
         if num_full > start:
             self._num_cached[request_id] = num_full
 

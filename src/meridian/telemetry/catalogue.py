@@ -170,7 +170,9 @@ POLICY_ERRORS: Final = MetricSpec(
 # -- user-felt latency, split by phase (vLLM's own histograms mix think and answer tokens) ----
 TTFVT: Final = MetricSpec(
     "meridian_ttfvt_seconds", H,
-    "Time to first visible token: request arrival to the first answer token.",
+    "Time to first visible token (GuideLLM/aiperf: time to first output token): request "
+    "arrival to the first answer token, for requests that reasoned; measured by the engine-core "
+    "scheduler when it receives the token.",
     dotted="meridian.ttfvt", unit="seconds", buckets=_WAIT_BUCKETS,
 )  # fmt: skip
 TTOT: Final = MetricSpec(
@@ -180,7 +182,8 @@ TTOT: Final = MetricSpec(
 )  # fmt: skip
 OUTPUT_ITL: Final = MetricSpec(
     "meridian_output_itl_seconds", H,
-    "Inter-token latency between consecutive answer tokens (think tokens excluded).",
+    "Inter-token latency between consecutive answer tokens (think tokens excluded), as the "
+    "engine-core scheduler receives them: a stalled stream's gap includes the stall.",
     dotted="meridian.output_itl", unit="seconds", buckets=_ITL_BUCKETS,
 )  # fmt: skip
 

@@ -273,10 +273,23 @@ class MeridianMetrics:
         self._ttot.observe(seconds)
         self._mirror(cat.TTOT, seconds)
 
-    def observe_output_itl(self, seconds: float) -> None:
-        """Two consecutive answer tokens of a request were ``seconds`` apart."""
-        self._output_itl.observe(seconds)
-        self._mirror(cat.OUTPUT_ITL, seconds)
+    def observe_output_itl(self, seconds: float, count: int = 1) -> None:
+        """``count`` times: two consecutive answer tokens of a request were ``seconds`` apart.
+
+        One call per step in vLLM (every stream served in consecutive steps waited the same step
+        time): ``count`` observations cost one, through the histogram's own sum and buckets.
+        """
+        if count == 1:
+            self._output_itl.observe(seconds)
+        elif count > 1:
+            histogram = self._output_itl
+            histogram._sum.inc(seconds * count)
+            for i, bound in enumerate(histogram._upper_bounds):
+                if seconds <= bound:
+                    histogram._buckets[i].inc(count)
+                    break
+        for _ in range(count if self._sink is not None else 0):
+            self._mirror(cat.OUTPUT_ITL, seconds)
 
     # -- KV tiers ---------------------------------------------------------------------------------
 

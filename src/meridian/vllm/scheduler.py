@@ -117,11 +117,31 @@ class AdapterStats:
 
 
 class _Telemetry:
-    """The policy's listener: Meridian's metrics and (optionally) OTLP spans."""
+    """The policy's listener: Meridian's metrics and (optionally) OTLP spans.
 
-    def __init__(self, metrics: MeridianMetrics, tracer: Tracer) -> None:
+    ``requests`` is the scheduler's table (for a request's ``arrival_time``) and ``now`` the
+    clock ``arrival_time`` is on: wall time in vLLM, the simulator's virtual time there.
+    """
+
+    def __init__(
+        self,
+        metrics: MeridianMetrics,
+        tracer: Tracer,
+        requests: dict[str, Any],
+        now: Callable[[], float],
+    ) -> None:
         self.metrics = metrics
         self.tracer = tracer
+        self.requests = requests
+        self.now = now
+
+    def first_answer(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            self.metrics.observe_ttfvt(max(0.0, self.now() - request.arrival_time))
+
+    def answer_gaps(self, seconds: float, count: int) -> None:
+        self.metrics.observe_output_itl(seconds, count)
 
     def request_started(self, request_id: str) -> None:
         if self.tracer.enabled:
@@ -221,7 +241,13 @@ class MeridianScheduler(Scheduler):
             output_budget=_output_budget(config.scheduler.output_budget_rows),
             clock=meridian_clock,
             transition_len=len(self.meridian.transition_ids),
-            listener=_Telemetry(self.meridian_metrics, self.meridian_tracer),
+            listener=_Telemetry(
+                self.meridian_metrics,
+                self.meridian_tracer,
+                self.requests,
+                # vLLM stamps arrival_time with time.time(); the simulator passes its clock.
+                time.time if meridian_clock is time.perf_counter else meridian_clock,
+            ),
             admission=config.scheduler.admission,
             max_step_tokens=self._step_token_budget(),
         )
@@ -345,6 +371,7 @@ class MeridianScheduler(Scheduler):
             self._observe_step()
             if not self.has_unfinished_requests():
                 self.meridian_policy.on_idle()  # idle until the next request: no step time
+                self._publish_gauges()  # nothing runs: the batch sizes go to 0 now
             ours = overhead.update_overhead_s - ours_before
             overhead.stock_update_s += time.perf_counter() - start - ours
             self._sample_overhead()
