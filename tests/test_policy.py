@@ -526,3 +526,13 @@ def test_paced_answer_streams_skip_steps_but_keep_their_pace() -> None:
         assert gaps.max() <= 0.040 + 1e-9, "a paced stream fell behind its pace"
         assert gaps.mean() > 0.015, "pacing skipped nothing"
     assert served_think == 199
+
+
+def test_blocks_by_phase_splits_the_running_kv() -> None:
+    policy = make_policy()
+    t = admitted(policy, "t", THINK_PROMPT)  # 3 computed: 1 block of 4
+    o = admitted(policy, "o", PLAIN_PROMPT)
+    o.emit(policy, 9, 1)
+    o.num_computed_tokens = 9  # 3 blocks
+    stranger = FakeRequest("x", PLAIN_PROMPT, num_computed_tokens=4)  # untracked: not answering
+    assert policy.blocks_by_phase([t, o, stranger], block_size=4) == (2, 3)

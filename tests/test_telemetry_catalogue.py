@@ -111,11 +111,12 @@ def test_catalogue_has_what_the_issue_requires() -> None:
         "meridian_disagg_transfer_seconds": MetricKind.HISTOGRAM,
         "meridian_disagg_fallbacks_total": MetricKind.COUNTER,
         "meridian_disagg_checksum_failures_total": MetricKind.COUNTER,
-        "meridian_vocab_fallbacks_total": MetricKind.COUNTER,
         "meridian_policy_errors_total": MetricKind.COUNTER,
     }
     for name, kind in required.items():
         assert kinds.get(name) is kind, name
+    # No live process computes entropy row by row: the per-row fallback counter was dropped.
+    assert "meridian_vocab_fallbacks_total" not in kinds
     assert values("meridian_budget_forces_total", "reason") == {
         "converged",
         "overthinking",
@@ -172,7 +173,6 @@ def test_events_land_on_the_right_series() -> None:
     m.observe_think_tokens(1000)
     m.observe_schedule_overhead(3e-4)
     m.set_tracked_requests(11)
-    m.count_vocab_fallback()
     m.count_policy_error("schedule")
     m.count_policy_error("somewhere_new")
     m.observe_ttfvt(1.5)
@@ -193,7 +193,6 @@ def test_events_land_on_the_right_series() -> None:
     assert sample(m, "meridian_request_think_tokens_bucket", le="512.0") == 0
     assert sample(m, "meridian_schedule_overhead_seconds_count") == 1
     assert sample(m, "meridian_tracked_requests") == 11
-    assert sample(m, "meridian_vocab_fallbacks_total") == 1
     assert sample(m, "meridian_policy_errors_total", where="schedule") == 1
     assert sample(m, "meridian_policy_errors_total", where="somewhere_new") == 1
     assert sample(m, "meridian_ttfvt_seconds_sum") == 1.5

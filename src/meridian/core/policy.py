@@ -834,6 +834,21 @@ class MeridianPolicy:
                 progress.append(num_tokens - state.num_prompt_tokens - st.num_think_tokens)
         return kinds, progress, tokens
 
+    def blocks_by_phase(
+        self, requests: Sequence[EngineRequest], block_size: int
+    ) -> tuple[int, int]:
+        """KV blocks ``requests`` hold for their computed tokens: (not answering, answering)."""
+        states, output = self._states, Phase.OUTPUT
+        thinking = answering = 0
+        for request in requests:
+            blocks = -(-request.num_computed_tokens // block_size)
+            state = states.get(request.request_id)
+            if state is not None and state.phase_state.phase is output:
+                answering += blocks
+            else:
+                thinking += blocks
+        return thinking, answering
+
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant, if any.
 

@@ -155,11 +155,6 @@ PREEMPTIONS: Final = MetricSpec(
     "Requests preempted (recompute), by the phase they were in.",
     ("phase",), "meridian.preemptions", "requests",
 )  # fmt: skip
-VOCAB_FALLBACKS: Final = MetricSpec(
-    "meridian_vocab_fallbacks_total", C,
-    "Entropy computations that fell back to the per-row path (vocab size mismatch).",
-    (), "meridian.vocab_fallbacks", "calls",
-)  # fmt: skip
 POLICY_ERRORS: Final = MetricSpec(
     "meridian_policy_errors_total", C,
     "Exceptions caught in Meridian's hooks (the request fell back to stock vLLM behaviour), "
@@ -177,7 +172,7 @@ TTFVT: Final = MetricSpec(
 )  # fmt: skip
 TTOT: Final = MetricSpec(
     "meridian_ttot_seconds", H,
-    "Time from </think> to the first answer token.",
+    "Time from </think> to the first answer token, as the engine-core scheduler receives them.",
     dotted="meridian.ttot", unit="seconds", buckets=_TTOT_BUCKETS,
 )  # fmt: skip
 OUTPUT_ITL: Final = MetricSpec(
@@ -190,7 +185,9 @@ OUTPUT_ITL: Final = MetricSpec(
 # -- KV tiers -----------------------------------------------------------------------------------
 KV_USED: Final = MetricSpec(
     "meridian_kv_used_bytes", G,
-    "KV cache bytes held, by tier.",
+    "KV cache bytes held, by tier: in vLLM thinking and prefilling requests' blocks under "
+    "think_active, answer streams' (their prompt and reasoning included) under output_critical; "
+    "the KV pool reports the blocks it stores under think_complete.",
     ("tier",), "meridian.kv_used", "bytes",
 )  # fmt: skip
 KV_CAPACITY: Final = MetricSpec(
@@ -200,7 +197,7 @@ KV_CAPACITY: Final = MetricSpec(
 )  # fmt: skip
 KV_EVICTIONS: Final = MetricSpec(
     "meridian_kv_evicted_blocks_total", C,
-    "KV blocks evicted by the tiered block manager, by tier.",
+    "KV blocks lost to a preemption (vLLM recomputes them), by the victim's tier.",
     ("tier",), "meridian.kv_evictions", "blocks",
 )  # fmt: skip
 
@@ -250,7 +247,6 @@ CATALOGUE: Final[tuple[MetricSpec, ...]] = (
     QUEUE_DEPTH,
     BATCH_SIZE,
     PREEMPTIONS,
-    VOCAB_FALLBACKS,
     POLICY_ERRORS,
     TTFVT,
     TTOT,

@@ -114,7 +114,6 @@ class MeridianMetrics:
         "_transfer_collector",
         "_ttfvt",
         "_ttot",
-        "_vocab",
         "registry",
     )
 
@@ -142,7 +141,6 @@ class MeridianMetrics:
         self._oc_evictions = counter(cat.OUTPUT_CRITICAL_EVICTIONS)
         self._tracked = gauge(cat.TRACKED_REQUESTS)
         self._overhead = histogram(cat.SCHEDULE_OVERHEAD)
-        self._vocab = counter(cat.VOCAB_FALLBACKS)
         self._ttfvt = histogram(cat.TTFVT)
         self._ttot = histogram(cat.TTOT)
         self._output_itl = histogram(cat.OUTPUT_ITL)
@@ -250,11 +248,6 @@ class MeridianMetrics:
         """``n`` requests in ``phase`` were preempted."""
         _child(self._preemptions, phase, "preemptions").inc(n)
         self._mirror(cat.PREEMPTIONS, n, (cat.phase_label(phase),))
-
-    def count_vocab_fallback(self, n: int = 1) -> None:
-        """The entropy kernel fell back to the per-row path ``n`` times."""
-        self._vocab.inc(n)
-        self._mirror(cat.VOCAB_FALLBACKS, n)
 
     def count_policy_error(self, where: str) -> None:
         """A Meridian hook (``where``, e.g. ``"schedule"``) caught an exception."""

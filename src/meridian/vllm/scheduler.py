@@ -52,7 +52,7 @@ from meridian.core.policy import (
     PolicyStats,
     output_budget_setting,
 )
-from meridian.core.types import ForceReason, Phase, PhaseEvent
+from meridian.core.types import ExitThink, ForceReason, Phase, PhaseEvent, Tier
 from meridian.errors import ConfigError
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer, make_tracer
@@ -134,11 +134,17 @@ class _Telemetry:
         self.tracer = tracer
         self.requests = requests
         self.now = now
+        # When each request's think phase ended (TTOT runs from there to its first answer).
+        self._think_ended_at: dict[str, float] = {}
 
     def first_answer(self, request_id: str) -> None:
+        now = self.now()
         request = self.requests.get(request_id)
         if request is not None:
-            self.metrics.observe_ttfvt(max(0.0, self.now() - request.arrival_time))
+            self.metrics.observe_ttfvt(max(0.0, now - request.arrival_time))
+        ended = self._think_ended_at.pop(request_id, None)
+        if ended is not None:
+            self.metrics.observe_ttot(max(0.0, now - ended))
 
     def answer_gaps(self, seconds: float, count: int) -> None:
         self.metrics.observe_output_itl(seconds, count)
@@ -148,17 +154,23 @@ class _Telemetry:
             self.tracer.request_started(request_id)
 
     def request_finished(self, request_id: str) -> None:
+        self._think_ended_at.pop(request_id, None)
         if self.tracer.enabled:
             self.tracer.request_finished(request_id)
 
     def phase_event(self, request_id: str, event: PhaseEvent) -> None:
+        if isinstance(event, ExitThink):
+            self._think_ended_at[request_id] = self.now()
         if self.tracer.enabled:
             self.tracer.phase_event(request_id, event)
 
     def preempted(self, phase: Phase, num_blocks: int) -> None:
         self.metrics.count_preemption(phase)
-        if phase is Phase.OUTPUT and num_blocks:
-            self.metrics.count_output_critical_eviction(num_blocks)
+        if num_blocks:
+            # Recompute frees the victim's blocks: an eviction of its phase's tier (an answer
+            # stream's also counts as OutputCritical blocks lost).
+            tier = Tier.OUTPUT_CRITICAL if phase is Phase.OUTPUT else Tier.THINK_ACTIVE
+            self.metrics.count_kv_eviction(tier, num_blocks)
 
     def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
         self.metrics.observe_think_tokens(num_think_tokens)
@@ -252,6 +264,11 @@ class MeridianScheduler(Scheduler):
             max_step_tokens=self._step_token_budget(),
         )
         self.meridian_overhead = AdapterStats()
+        # Bytes of one KV block (all layers), for meridian_kv_used_bytes; 0 where unknown.
+        kv_config = self.kv_cache_config
+        capacity = sum(int(t.size) for t in kv_config.kv_cache_tensors)
+        self._kv_block_bytes = capacity // max(1, kv_config.num_blocks)
+        self.meridian_metrics.set_kv_capacity_bytes(capacity)
         self._logged_errors: set[tuple[str, str]] = set()
         # (request id, new token ids) of the step being processed by update_from_output.
         self._step_tokens: list[tuple[str, list[int]]] = []
@@ -431,7 +448,18 @@ class MeridianScheduler(Scheduler):
             with self._guarded("stat_logger"):
                 for seconds in samples:
                     self.meridian_metrics.observe_schedule_overhead(seconds)
+                self._publish_kv()
             samples.clear()
+
+    def _publish_kv(self) -> None:
+        """KV bytes the running requests hold, by tier: thinking (and prefilling) requests'
+        under ``think_active``, answer streams' (prompt and reasoning included: the answer
+        attends over them) under ``output_critical``; ``think_complete`` stays 0 inside vLLM.
+        Counted from computed tokens (a shared prefix block counts once per holder)."""
+        thinking, answering = self.meridian_policy.blocks_by_phase(self.running, self.block_size)
+        metrics, size = self.meridian_metrics, self._kv_block_bytes
+        metrics.set_kv_used_bytes(Tier.THINK_ACTIVE, thinking * size)
+        metrics.set_kv_used_bytes(Tier.OUTPUT_CRITICAL, answering * size)
 
     def _publish_gauges(self) -> None:
         """Tracked requests, queue depths and batch sizes by phase, when one may have changed.
