@@ -392,6 +392,14 @@ def test_serve_argv_async_v2_and_user_parser() -> None:
     assert cmd.argv.count("--reasoning-parser") == 1
 
 
+def test_gpt_oss_names_pick_the_harmony_family() -> None:
+    from meridian.vllm.serve import guess_model_family
+
+    assert guess_model_family("openai/gpt-oss-20b") == "gpt_oss"
+    cmd = build_serve_argv("openai/gpt-oss-20b", [])
+    assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "openai_gptoss"
+
+
 def test_serve_local_dir_uses_generic_tags(tmp_path: Any) -> None:
     cmd = build_serve_argv(str(tmp_path), ["--no-async-scheduling"])
     assert cmd.model_family == GENERIC_NAME and "MERIDIAN_MODEL" not in cmd.env

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--model-family",
         help="reasoning-model family (bundled: deepseek_r1, r1_distill_qwen, qwen3, qwq, "
-        "granite_3_2, or a [model.NAME] table); default: guessed from the model name",
+        "granite_3_2, gpt_oss, or a [model.NAME] table); default: guessed from the model name",
     )
     return parser
 

@@ -114,6 +114,15 @@ BUNDLED_MODELS: dict[str, ModelDefinition] = {
         think_end="Here is my response:",
         reasoning_parser="granite",
     ),
+    # OpenAI's gpt-oss speaks harmony: the reasoning is the `analysis` channel, the answer the
+    # `final` one; both markers are three tokens (<|channel|> 200005, <|message|> 200008).
+    "gpt_oss": ModelDefinition(
+        think_start="<|channel|>analysis<|message|>",
+        think_end="<|channel|>final<|message|>",
+        think_start_token_ids=[200005, 35644, 200008],
+        think_end_token_ids=[200005, 17196, 200008],
+        reasoning_parser="openai_gptoss",
+    ),
 }
 
 

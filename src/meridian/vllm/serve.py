@@ -58,6 +58,7 @@ _FAMILY_HINTS: tuple[tuple[str, str], ...] = (
     ("qwq", "qwq"),
     ("qwen3", "qwen3"),
     ("granite-3.2", "granite_3_2"),
+    ("gpt-oss", "gpt_oss"),
 )
 
 
