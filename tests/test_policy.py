@@ -535,4 +535,4 @@ def test_blocks_by_phase_splits_the_running_kv() -> None:
     o.emit(policy, 9, 1)
     o.num_computed_tokens = 9  # 3 blocks
     stranger = FakeRequest("x", PLAIN_PROMPT, num_computed_tokens=4)  # untracked: not answering
-    assert policy.blocks_by_phase([t, o, stranger], block_size=4) == (2, 3)
+    assert policy.blocks_by_phase([t, o, stranger]) == (2, 3)

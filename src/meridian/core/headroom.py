@@ -100,7 +100,7 @@ class _Curves:
         # A request at progress e is like the samples with progress-length > e; its remaining
         # length is (length - e) + remaining_after. Edges: 0 and quantiles of the lengths (the
         # sample at or below each), without repeats. (Not np.quantile or np.unique: their first
-        # call imports numpy modules, ~20 ms on the scheduler's thread.)
+        # call imports numpy modules on the scheduler's thread: benchmarks/bench_headroom.py.)
         ordered = np.sort(progress)
         at = (np.arange(NUM_BUCKETS) * (len(ordered) - 1)) // NUM_BUCKETS
         edges = np.concatenate(([0], ordered[at]))

@@ -431,7 +431,7 @@ class MeridianPolicy:
         deltas: list[Sequence[int]] = []
         others: list[tuple[str, Sequence[int]]] = []
         unknown: list[str] = []
-        stats, answered, states = self.stats, self._answered, self._states
+        stats, answered, states, times = self.stats, self._answered, self._states, self._token_times
         for rid, toks in rest:
             state = states.get(rid)
             if state is None:
@@ -444,8 +444,7 @@ class MeridianPolicy:
                 stats.max_answer_gap_steps = max(stats.max_answer_gap_steps, gap)
                 stats.num_answer_gaps_over_2 += gap > 2
                 answered[rid] = step
-                if self.listener is not None and last in self._token_times:
-                    times = self._token_times
+                if self.listener is not None and last in times:
                     self.listener.answer_gaps(times[step] - times[last], 1)
             elif state.phase is think:
                 rids.append(rid)
@@ -834,14 +833,12 @@ class MeridianPolicy:
                 progress.append(num_tokens - state.num_prompt_tokens - st.num_think_tokens)
         return kinds, progress, tokens
 
-    def blocks_by_phase(
-        self, requests: Sequence[EngineRequest], block_size: int
-    ) -> tuple[int, int]:
+    def blocks_by_phase(self, requests: Sequence[EngineRequest]) -> tuple[int, int]:
         """KV blocks ``requests`` hold for their computed tokens: (not answering, answering)."""
-        states, output = self._states, Phase.OUTPUT
+        states, output, bs = self._states, Phase.OUTPUT, self.block_size
         thinking = answering = 0
         for request in requests:
-            blocks = -(-request.num_computed_tokens // block_size)
+            blocks = -(-request.num_computed_tokens // bs)
             state = states.get(request.request_id)
             if state is not None and state.phase_state.phase is output:
                 answering += blocks

@@ -281,8 +281,9 @@ class MeridianMetrics:
                 if seconds <= bound:
                     histogram._buckets[i].inc(count)
                     break
-        for _ in range(count if self._sink is not None else 0):
-            self._mirror(cat.OUTPUT_ITL, seconds)
+        if self._sink is not None:
+            for _ in range(count):
+                self._sink.record(cat.OUTPUT_ITL, seconds, _NO_LABELS)
 
     # -- KV tiers ---------------------------------------------------------------------------------
 

@@ -432,7 +432,8 @@ class MeridianScheduler(Scheduler):
         return result
 
     def _sample_overhead(self) -> None:
-        """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches.
+        """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches (and
+        with each batch, the KV held by tier: :meth:`_publish_kv`).
 
         A sample is Meridian's time since the previous one (plans, gauges, token accounting,
         tracking). Publishing a histogram sample on every step cost more than the rest of a
@@ -456,7 +457,7 @@ class MeridianScheduler(Scheduler):
         under ``think_active``, answer streams' (prompt and reasoning included: the answer
         attends over them) under ``output_critical``; ``think_complete`` stays 0 inside vLLM.
         Counted from computed tokens (a shared prefix block counts once per holder)."""
-        thinking, answering = self.meridian_policy.blocks_by_phase(self.running, self.block_size)
+        thinking, answering = self.meridian_policy.blocks_by_phase(self.running)
         metrics, size = self.meridian_metrics, self._kv_block_bytes
         metrics.set_kv_used_bytes(Tier.THINK_ACTIVE, thinking * size)
         metrics.set_kv_used_bytes(Tier.OUTPUT_CRITICAL, answering * size)
