@@ -277,6 +277,9 @@ class Recording:
     def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
         self.think_ends.append((num_think_tokens, hard_cap))
 
+    def reasoning_started(self, request_id: str) -> None:
+        self.log.append(("reasoning", request_id))
+
     def first_answer(self, request_id: str) -> None:
         self.log.append(("first answer", request_id))
 
@@ -296,6 +299,7 @@ def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> Non
     assert listener.log == [
         ("start", "r"),
         (EnterThink.__name__, "r"),
+        ("reasoning", "r"),  # its first token, not its admission (EnterThink came from the prompt)
         (ExitThink.__name__, "r"),
         ("first answer", "r"),
         ("finish", "r"),
@@ -312,6 +316,22 @@ def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> Non
     assert listener.think_ends[-1] == (2, True)
 
 
+def test_reasoning_starts_at_a_generated_think_start_and_tokens_split_by_phase() -> None:
+    listener = Recording()
+    policy = make_policy(listener=listener)
+    r = admitted(policy, "p", PLAIN_PROMPT)  # PREFILL: the first tokens decide
+    assert policy.tokens_by_phase("p", 0) == (0, 0)
+    r.emit(policy, START, 1)
+    assert listener.log[-2:] == [("reasoning", "p"), (EnterThink.__name__, "p")]
+    for step, token in enumerate([7, 7, 7, END, 9, 9], start=2):
+        r.emit(policy, token, step)
+    # 7 generated: <think>, 3 think tokens, </think>, 2 answer tokens (not fed to the router).
+    assert policy.tokens_by_phase("p", len(r.output)) == (3, 2)
+    assert [e for e in listener.log if e[0] == "reasoning"] == [("reasoning", "p")]
+    policy.untrack("p")
+    assert policy.tokens_by_phase("p", 7) is None
+
+
 # -- the measured output budget through the injected clock --------------------------------
 
 
@@ -326,8 +346,10 @@ def test_the_listener_hears_first_answers_and_answer_gaps_on_the_clock() -> None
         clock.now = now
         batch = [("t", t_toks)] + ([("c", c_toks)] if c_toks else [])
         policy.observe_many(batch, step)
-    # A first answer is reported for the request that reasoned only (a chat's is its TTFT).
+    # A first answer is reported for the request that reasoned only (a chat's is its TTFT);
+    # so is the start of reasoning (once, at its first token).
     assert [e for e in listener.log if e[0] == "first answer"] == [("first answer", "t")]
+    assert [e for e in listener.log if e[0] == "reasoning"] == [("reasoning", "t")]
     assert thinker.request_id == "t" and chat.request_id == "c"
     # c: 1 -> 2 (0.5 s); t and c: 2 -> 3 (0.25 s each); t: 3 -> 6 (a stall of 1.25 s).
     assert listener.gaps == [(0.5, 1), (0.25, 2), (1.25, 1)]

@@ -75,7 +75,7 @@ def test_from_boundaries_keeps_no_think_only_when_supported() -> None:
     qwen3 = ReasoningModel.from_boundaries(BUNDLED_MODELS["qwen3"], ids, no_think=NO_THINK)
     assert qwen3.no_think == NO_THINK
     assert qwen3.newline_ids == frozenset({NL})
-    assert not qwen3.think_starts_in_prompt
+    assert qwen3.think_starts_in_prompt  # as vLLM's qwen3 parser: reasoning from the start
     r1 = ReasoningModel.from_boundaries(BUNDLED_MODELS["deepseek_r1"], ids, no_think=NO_THINK)
     assert r1.no_think == ()
     assert r1.think_starts_in_prompt
@@ -195,6 +195,26 @@ def test_generated_think_start_enters_think_and_is_not_counted() -> None:
     s = router.state("r")
     assert (s.phase, s.num_think_tokens, s.num_output_tokens) == (Phase.THINK, 3, 0)
     router.check_integrity()
+
+
+def test_think_start_repeated_first_is_a_marker_only_as_the_first_token() -> None:
+    # Qwen3 under vLLM's qwen3 parser: THINK from the start; the model still emits <think>.
+    model = ReasoningModel(think_start=(THINK,), think_end=(END,), think_starts_in_prompt=True)
+    for feed in ("one", "chunk", "many"):
+        router = started(model, [1, 2])
+        stream = [THINK, 5, THINK, 6, END, 9]
+        if feed == "one":
+            for tok in stream:
+                router.observe("r", tok)
+        elif feed == "chunk":
+            router.observe("r", stream)
+        else:
+            router.observe_many(["r"], [stream[:2]])
+            router.observe_many(["r"], [stream[2:]])
+        s = router.state("r")
+        # The leading <think> is a marker; a later one is an ordinary think token.
+        assert (s.num_think_tokens, s.num_marker_tokens, s.num_output_tokens) == (3, 2, 1), feed
+        router.check_integrity()
 
 
 def test_prefill_decides_output_when_first_token_is_not_think_start() -> None:
@@ -494,6 +514,8 @@ def reference(model: ReasoningModel, prompt: list[int], stream: list[int]) -> Ex
             return Expected(Phase.PREFILL, 0, 0, [])
         else:
             return Expected(Phase.OUTPUT, 0, len(stream), [])
+    if think_from == 0 and len(start) == 1 and stream[:1] == start:
+        think_from = 1  # a THINK request's first token repeating think_start: a marker
     done = naive_find(stream[think_from:], end)
     if done < 0:
         return Expected(Phase.THINK, len(stream) - think_from, 0, events)

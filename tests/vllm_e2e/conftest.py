@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 END_TOKEN = "</think>"
+STARTUP_TIMEOUT_S = 180.0
 _SESSION_START = time.perf_counter()
 
 
@@ -123,3 +126,54 @@ def engine(tiny_model: Path) -> Iterator[EngineFactory]:
             gc.collect()
 
     yield make
+
+
+@contextmanager
+def meridian_server(
+    model: Path, work: Path, config: str, extra: Sequence[str] = ()
+) -> Iterator[str]:
+    """``meridian serve MODEL`` exactly as a user runs it (vLLM arguments pass through), on
+    127.0.0.1, with ``config`` as its meridian.toml; yields the base URL and stops the server's
+    whole process group on exit. The log is ``work/server.log``."""
+    from meridian.bench.abreal import free_port, wait_healthy
+
+    (work / "meridian.toml").write_text(config, encoding="utf-8")
+    (work / "prom").mkdir()
+    port = free_port()
+    argv = [sys.executable, "-m", "meridian", "serve", str(model),
+            "--config", str(work / "meridian.toml"), *extra,
+            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
+            "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--seed", "0"]  # fmt: skip
+    environ = {
+        **os.environ,
+        "PROMETHEUS_MULTIPROC_DIR": str(work / "prom"),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+    }
+    log = (work / "server.log").open("w")
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(proc, url, STARTUP_TIMEOUT_S, work / "server.log")
+        print(f"server healthy after {time.perf_counter() - start:.1f} s")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        log.close()
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """The sum of the samples of ``name`` (whose label text contains ``labels``) in a scrape."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith((name + "{", name + " ")) or labels not in line:
+            continue
+        total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -6,12 +6,7 @@ vLLM's /metrics, a bad request rejected while the server keeps serving. The serv
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,47 +17,18 @@ import pytest
 pytest.importorskip("vllm.sampling_params")
 httpx = pytest.importorskip("httpx")
 
-from meridian.bench.abreal import free_port, wait_healthy  # noqa: E402
+from conftest import STARTUP_TIMEOUT_S, meridian_server, metric_value  # noqa: E402
 
 MAX_THINK = 12
-STARTUP_TIMEOUT_S = 180.0
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The server's base URL; stopped (its whole process group) at the end of the module."""
     work = tmp_path_factory.mktemp("server")
-    config = work / "meridian.toml"
-    config.write_text(f"[scheduler]\nmax_think_tokens = {MAX_THINK}\nmin_think_tokens = 0\n")
-    (work / "prom").mkdir()
-    port = free_port()
-    # Exactly what a user runs: the `meridian serve` command (its vLLM arguments pass through).
-    argv = [sys.executable, "-m", "meridian", "serve", str(tiny_model), "--config", str(config),
-            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
-            "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--seed", "0"]  # fmt: skip
-    env = {
-        **os.environ,
-        "PROMETHEUS_MULTIPROC_DIR": str(work / "prom"),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-    }
-    log = (work / "server.log").open("w")
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(proc, url, STARTUP_TIMEOUT_S, work / "server.log")
-        print(f"server healthy after {time.perf_counter() - start:.1f} s")
+    config = f"[scheduler]\nmax_think_tokens = {MAX_THINK}\nmin_think_tokens = 0\n"
+    with meridian_server(tiny_model, work, config) as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
 
 
 def _stream_chat(url: str, model: str, i: int) -> dict[str, Any]:
@@ -87,15 +53,6 @@ def _stream_chat(url: str, model: str, i: int) -> dict[str, Any]:
     return {"reasoning": "".join(reasoning), "content": "".join(content)}
 
 
-def _metric(text: str, name: str, labels: str = "") -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith((name + "{", name + " ")) or labels not in line:
-            continue
-        total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_streaming_reasoning_and_metrics(server: str, tiny_model: Path) -> None:
     n = 6
     with ThreadPoolExecutor(n) as pool:
@@ -103,32 +60,44 @@ def test_streaming_reasoning_and_metrics(server: str, tiny_model: Path) -> None:
     assert all(r["reasoning"] for r in results), "reasoning deltas are streamed"
     metrics = httpx.get(f"{server}/metrics", timeout=10).text
     assert "vllm:" in metrics  # vLLM's own metrics are still there
-    think_count = _metric(metrics, "meridian_request_think_tokens_count")
-    think_sum = _metric(metrics, "meridian_request_think_tokens_sum")
-    forces = _metric(metrics, "meridian_budget_forces_total", 'reason="hard_cap"')
+    think_count = metric_value(metrics, "meridian_request_think_tokens_count")
+    think_sum = metric_value(metrics, "meridian_request_think_tokens_sum")
+    forces = metric_value(metrics, "meridian_budget_forces_total", 'reason="hard_cap"')
     print(f"think phases {think_count}, think tokens {think_sum}, hard-cap forces {forces}")
     assert think_count == n and forces >= n - 1
     assert think_sum <= n * MAX_THINK
-    assert _metric(metrics, "meridian_schedule_overhead_seconds_count") > 0
-    assert _metric(metrics, "meridian_tracked_requests") == 0
-    assert _metric(metrics, "meridian_policy_errors_total") == 0
+    assert metric_value(metrics, "meridian_schedule_overhead_seconds_count") > 0
+    assert metric_value(metrics, "meridian_tracked_requests") == 0
+    assert metric_value(metrics, "meridian_policy_errors_total") == 0
     assert "meridian_preemptions_total" in metrics
     # The wait users feel, from the engine-core process: one first answer token per request
     # that reasoned (all of them), answer gaps between the answer tokens, all plausible.
-    ttfvt_count = _metric(metrics, "meridian_ttfvt_seconds_count")
-    ttfvt_sum = _metric(metrics, "meridian_ttfvt_seconds_sum")
-    itl_count = _metric(metrics, "meridian_output_itl_seconds_count")
-    itl_sum = _metric(metrics, "meridian_output_itl_seconds_sum")
+    ttfvt_count = metric_value(metrics, "meridian_ttfvt_seconds_count")
+    ttfvt_sum = metric_value(metrics, "meridian_ttfvt_seconds_sum")
+    itl_count = metric_value(metrics, "meridian_output_itl_seconds_count")
+    itl_sum = metric_value(metrics, "meridian_output_itl_seconds_sum")
     print(f"TTFVT {ttfvt_count} samples, sum {ttfvt_sum:.2f} s; ITL {itl_count}, {itl_sum:.2f} s")
     assert ttfvt_count == n
     assert 0 < ttfvt_sum / n < STARTUP_TIMEOUT_S
     assert 0 < itl_count <= n * 40 and 0 < itl_sum / itl_count < 5.0
-    assert _metric(metrics, "meridian_output_itl_seconds_bucket", 'le="+Inf"') == itl_count
+    assert metric_value(metrics, "meridian_output_itl_seconds_bucket", 'le="+Inf"') == itl_count
     # Idle again: the batch-size gauges read 0, not the last step's sizes; so does KV held.
-    assert _metric(metrics, "meridian_batch_size") == 0
-    assert _metric(metrics, "meridian_kv_used_bytes") == 0
-    assert _metric(metrics, "meridian_kv_capacity_bytes") > 0
-    assert _metric(metrics, "meridian_ttot_seconds_count") == n
+    assert metric_value(metrics, "meridian_batch_size") == 0
+    assert metric_value(metrics, "meridian_kv_used_bytes") == 0
+    assert metric_value(metrics, "meridian_kv_capacity_bytes") > 0
+    assert metric_value(metrics, "meridian_ttot_seconds_count") == n
+    assert metric_value(metrics, "meridian_kv_blocks") == 0
+    # Reasoning duration: one per request, each shorter than its wait for the first answer.
+    assert metric_value(metrics, "meridian_reasoning_seconds_count") == n
+    assert 0 < metric_value(metrics, "meridian_reasoning_seconds_sum") < ttfvt_sum
+    # Tokens by phase add up to vLLM's own count of generated tokens, less the markers: one
+    # </think> per request, and a <think> the model may repeat first (at most one each).
+    think = metric_value(metrics, "meridian_generated_tokens_total", 'phase="think"')
+    answer = metric_value(metrics, "meridian_generated_tokens_total", 'phase="output"')
+    generated = metric_value(metrics, "vllm:generation_tokens_total")
+    print(f"tokens: think {think}, answer {answer}, vLLM generated {generated}")
+    assert think == think_sum and answer > 0
+    assert n <= generated - think - answer <= 2 * n
     # Every metric the dashboard and the alert rules query is on /metrics (the KV pool's
     # disaggregation metrics aside: `meridian serve` does not run one, issue 14).
     deploy = Path(__file__).resolve().parents[2] / "deploy"

@@ -36,7 +36,9 @@ class ModelDefinition(BaseModel):
         default=False, description="A /no_think directive in the prompt skips the think phase."
     )
     think_starts_in_prompt: bool = Field(
-        default=False, description="The chat template puts think_start into the prompt."
+        default=False,
+        description="Generation starts in the think phase: the chat template puts think_start "
+        "into the prompt, or the reasoning parser reads output as reasoning until think_end.",
     )
 
     @field_validator("think_start", "think_end")
@@ -100,6 +102,10 @@ BUNDLED_MODELS: dict[str, ModelDefinition] = {
         think_end_token_ids=[151668],
         reasoning_parser="qwen3",
         supports_think_disable=True,
+        # vLLM's qwen3 parser starts in reasoning whether or not the model emits <think> (the
+        # model does; Meridian takes that one as a marker); enable_thinking=False closes the
+        # block in the prompt, which rule 4 of the phase router reads as OUTPUT.
+        think_starts_in_prompt=True,
     ),
     "qwq": ModelDefinition(
         think_start="<think>",

@@ -50,6 +50,7 @@ from meridian.core.preemption import VICTIM_CLASS, Candidate, rank_victims
 from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
 from meridian.core.stepfit import DecodeStepTime
 from meridian.core.types import (
+    EnterThink,
     ExitThink,
     ForceBudget,
     ForceReason,
@@ -151,6 +152,10 @@ class PolicyListener(Protocol):
     def preempted(self, phase: Phase, num_blocks: int) -> None: ...
 
     def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None: ...
+
+    def reasoning_started(self, request_id: str) -> None:
+        """A request's first reasoning token arrived (its first generated token, or a generated
+        ``think_start``); its reasoning lasts until the ``ExitThink`` event."""
 
     def first_answer(self, request_id: str) -> None:
         """A request that reasoned produced its first answer token (its TTFVT is now)."""
@@ -431,7 +436,9 @@ class MeridianPolicy:
         deltas: list[Sequence[int]] = []
         others: list[tuple[str, Sequence[int]]] = []
         unknown: list[str] = []
+        starting: list[str] = []  # thinking requests whose first tokens these are
         stats, answered, states, times = self.stats, self._answered, self._states, self._token_times
+        listener = self.listener
         for rid, toks in rest:
             state = states.get(rid)
             if state is None:
@@ -444,17 +451,22 @@ class MeridianPolicy:
                 stats.max_answer_gap_steps = max(stats.max_answer_gap_steps, gap)
                 stats.num_answer_gaps_over_2 += gap > 2
                 answered[rid] = step
-                if self.listener is not None and last in times:
-                    self.listener.answer_gaps(times[step] - times[last], 1)
+                if listener is not None and last in times:
+                    listener.answer_gaps(times[step] - times[last], 1)
             elif state.phase is think:
                 rids.append(rid)
                 deltas.append(toks)
+                if listener is not None and not state.phase_state.num_generated_tokens:
+                    starting.append(rid)
             elif state.phase is Phase.OUTPUT:
                 # Its think phase ended with the previous delta; these are its first answers.
                 self._first_answer(rid, state, step)
             else:
                 others.append((rid, toks))
         if rids:
+            if listener is not None:
+                for rid in starting:
+                    listener.reasoning_started(rid)
             for rid, events in zip(rids, self.router.observe_many(rids, deltas), strict=True):
                 if events:
                     self._after_events(rid, events, step)
@@ -474,6 +486,8 @@ class MeridianPolicy:
             if isinstance(event, ExitThink):
                 self._on_think_exit(rid, event)
             if listener is not None:
+                if isinstance(event, EnterThink):
+                    listener.reasoning_started(rid)  # a generated think_start
                 listener.phase_event(rid, event)
         state = self._states[rid]
         if state.phase is not Phase.PREFILL:
@@ -832,6 +846,18 @@ class MeridianPolicy:
                 kinds.append(Kind.ANSWERING if _reasoned(st) else Kind.CHAT)
                 progress.append(num_tokens - state.num_prompt_tokens - st.num_think_tokens)
         return kinds, progress, tokens
+
+    def tokens_by_phase(self, request_id: str, num_output_tokens: int) -> tuple[int, int] | None:
+        """(think, answer) tokens of a request that has generated ``num_output_tokens`` (the
+        engine's count: the router is not fed answer tokens); ``None`` if it is not tracked.
+        Boundary markers, and tokens still deciding a PREFILL request's phase, are in neither."""
+        state = self._states.get(request_id)
+        if state is None:
+            return None
+        st = state.phase_state
+        pending = st.marker_progress if st.phase is Phase.PREFILL else 0
+        think = st.num_think_tokens
+        return think, max(0, num_output_tokens - think - st.num_marker_tokens - pending)
 
     def blocks_by_phase(self, requests: Sequence[EngineRequest]) -> tuple[int, int]:
         """KV blocks ``requests`` hold for their computed tokens: (not answering, answering)."""

