@@ -120,13 +120,15 @@ BUNDLED_MODELS: dict[str, ModelDefinition] = {
         think_end="Here is my response:",
         reasoning_parser="granite",
     ),
-    # OpenAI's gpt-oss speaks harmony: the reasoning is the `analysis` channel, the answer the
-    # `final` one; both markers are three tokens (<|channel|> 200005, <|message|> 200008).
+    # OpenAI's gpt-oss speaks harmony: the reasoning is the `analysis` channel's message, the
+    # answer the `final` one's. The answer opens a new assistant message, so the end marker
+    # closes the analysis message too (<|end|> 200007, <|start|> 200006, assistant 173781):
+    # forced, it is a transition harmony's parser (vLLM's, for gpt-oss) accepts.
     "gpt_oss": ModelDefinition(
         think_start="<|channel|>analysis<|message|>",
-        think_end="<|channel|>final<|message|>",
+        think_end="<|end|><|start|>assistant<|channel|>final<|message|>",
         think_start_token_ids=[200005, 35644, 200008],
-        think_end_token_ids=[200005, 17196, 200008],
+        think_end_token_ids=[200007, 200006, 173781, 200005, 17196, 200008],
         reasoning_parser="openai_gptoss",
     ),
 }

@@ -31,6 +31,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "SPECIAL_TOKENS",
     "TinyModelSpec",
+    "build_tiny_gpt_oss",
     "build_tiny_model",
     "build_tiny_model_with_tokenizer",
     "build_tiny_tokenizer",
@@ -168,6 +169,43 @@ def build_tiny_model_with_tokenizer(
         shutil.copyfile(Path(tokenizer_dir) / name, path / name)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     _save_random_qwen3(path, spec, tokenizer, tokenizer.pad_token or tokenizer.eos_token)
+    return path
+
+
+def build_tiny_gpt_oss(directory: str | Path, tokenizer_dir: str | Path, seed: int = 0) -> Path:
+    """A 2-layer random-weight gpt-oss (harmony; 4 experts, 2 per token, bf16, no MXFP4)
+    around the real gpt-oss tokenizer in ``tokenizer_dir``; vLLM's CPU build serves it (chat
+    prompts are rendered by harmony, not a chat template). Returns the model path."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, GptOssConfig, GptOssForCausalLM
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(Path(tokenizer_dir) / name, path / name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    config = GptOssConfig(
+        vocab_size=201_088,  # gpt-oss's embedding rows (the vocabulary padded)
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=128,
+        layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=4096,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|return|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+    )
+    torch.manual_seed(seed)
+    GptOssForCausalLM(config).to(torch.bfloat16).save_pretrained(str(path), safe_serialization=True)
     return path
 
 
