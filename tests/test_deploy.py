@@ -34,6 +34,7 @@ VLLM_ALLOWED = frozenset(
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
         "vllm:num_preemptions_total",
+        "vllm:generation_tokens_total",
         "vllm:kv_cache_usage_perc",
     }
 )
