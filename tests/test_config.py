@@ -59,7 +59,7 @@ def test_defaults_match_the_design() -> None:
         ("[scheduler]\noutput_tpot_budget_ms = -1", "scheduler.output_tpot_budget_ms"),
         (
             "[scheduler]\noutput_tpot_budget_ms = inf",
-            "scheduler.output_tpot_budget_ms must be in (0, inf); got inf",
+            "scheduler.output_tpot_budget_ms must be in [0.001, 3600000]; got inf",
         ),
         ("[scheduler]\nthink_batch_multiplier = inf", "scheduler.think_batch_multiplier"),
         ("[entropy]\neat_ema_variance_threshold = inf", "entropy.eat_ema_variance_threshold"),

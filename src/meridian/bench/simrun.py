@@ -136,8 +136,9 @@ def engine_config_for(spec: SimRunSpec) -> EngineConfig:
     num_blocks = capacity // block_bytes
     if num_blocks < 2:
         raise ConfigError(
-            f"kv_memory.capacity_bytes ({capacity}) holds fewer than 2 blocks of {block_bytes} "
-            f"bytes ({kv.block_size_tokens} tokens of {model.name})"
+            f"kv_memory.capacity_bytes ({capacity}) holds fewer than 2 blocks of "
+            f"kv_memory.block_size_tokens ({kv.block_size_tokens}) tokens of {model.name} "
+            f"({block_bytes} bytes each)"
         )
     return EngineConfig(
         num_kv_blocks=num_blocks,

@@ -57,10 +57,13 @@ _U64_V, _U64 = _interval(0, None, lo_open=False, hi_open=True)
 _U64P_V, _U64P = _interval(1, None, lo_open=False, hi_open=True)
 _U32P_V, _U32P = _interval(1, U32_MAX, lo_open=False, hi_open=False)
 _PACE_V, _PACE = _interval(0, 10_000, lo_open=False, hi_open=False)
+# Latency budgets in ms: a microsecond to an hour (a denormal budget rounds to 0 s).
+_BUDGET_MS_V, _BUDGET_MS = _interval(0.001, 3_600_000, lo_open=False, hi_open=False)
 _RESERVE_V, _RESERVE = _interval(0, 0.5, lo_open=False, hi_open=False)
 
 PosFloat = Annotated[float, _POS_V]
 PaceMs = Annotated[float, _PACE_V]
+BudgetMs = Annotated[float, _BUDGET_MS_V]
 ReserveFraction = Annotated[float, _RESERVE_V]
 AtLeastOneFloat = Annotated[float, _GE1_V]
 AboveOneFloat = Annotated[float, _GT1_V]
@@ -99,11 +102,11 @@ class _Section(BaseModel):
 class SchedulerConfig(_Section):
     """``[scheduler]``: the dual-queue policy and the think-token budget limits."""
 
-    think_tpot_budget_ms: PosFloat = _field(
-        80.0, "Per-token latency a think-phase request tolerates (ms).", _POS
+    think_tpot_budget_ms: BudgetMs = _field(
+        80.0, "Per-token latency a think-phase request tolerates (ms).", _BUDGET_MS
     )
-    output_tpot_budget_ms: PosFloat = _field(
-        20.0, "Target inter-token latency of answer streams (ms); the output SLO.", _POS
+    output_tpot_budget_ms: BudgetMs = _field(
+        20.0, "Target inter-token latency of answer streams (ms); the output SLO.", _BUDGET_MS
     )
     think_batch_multiplier: AtLeastOneFloat = _field(
         2.5, "Think rows per step may be up to this multiple of the output budget.", _GE1
