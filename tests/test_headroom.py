@@ -116,3 +116,29 @@ def test_projection_bounds(
     # Survival never rises with the horizon: blocks/(tokens at s) is non-increasing.
     held = blocks / ((np.array(tokens)[:, None] + model.grid[None, :]) / BS + 0.5)
     assert (np.diff(held, axis=1) <= 1e-12).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 900)), min_size=1, max_size=300),
+    st.booleans(),
+)
+def test_every_bucket_is_the_survival_of_the_samples_past_its_edge(
+    samples: list[tuple[int, int]], answers: bool
+) -> None:
+    """The curves are counted for every edge at once; each row must equal the survival of the
+    samples that got past the edge, counted one edge at a time (exactly: same counts)."""
+    from meridian.core.headroom import _Curves
+
+    progress = np.array([p for p, _ in samples], dtype=np.int64)
+    after = np.zeros_like(progress) if answers else np.array([a for _, a in samples])
+    grid = np.linspace(0.0, float(max(int((progress + after).max()), 1)), GRID_POINTS)
+    curves = _Curves(progress, after, grid)
+    for b, edge in enumerate(curves.edges[:-1]):
+        beyond = progress > edge
+        expected = np.zeros(GRID_POINTS)
+        if beyond.any():
+            remaining = np.sort(progress[beyond] - edge + after[beyond])
+            expected = 1.0 - np.searchsorted(remaining, grid, side="right") / len(remaining)
+        assert np.array_equal(curves.surv[b], expected), (b, edge)
+        assert curves.empty[b] == (not beyond.any())

@@ -105,11 +105,22 @@ class _Curves:
         at = (np.arange(NUM_BUCKETS) * (len(ordered) - 1)) // NUM_BUCKETS
         edges = np.concatenate(([0], ordered[at]))
         edges = edges[np.concatenate(([True], edges[1:] != edges[:-1]))]
+        # Row b: 1 - #{i: progress_i > e_b, total_i - e_b <= g} / #{i: progress_i > e_b}, with
+        # total = progress + remaining_after. Counted for every edge at once: the samples in
+        # order of total, a running count per edge of those past it, read at each threshold
+        # e_b + floor(g) (integers: exact, as comparing total - e_b with g is).
+        total = progress + remaining_after
+        by_total = np.argsort(total, kind="stable")
+        totals = total[by_total]
+        past = progress[by_total][None, :] > edges[:, None]  # (edges, samples)
+        counts = np.zeros((len(edges), len(totals) + 1), dtype=np.int64)
+        np.cumsum(past, axis=1, out=counts[:, 1:])
+        thresholds = edges[:, None] + np.floor(grid).astype(np.int64)[None, :]
+        at_most = np.take_along_axis(counts, np.searchsorted(totals, thresholds, "right"), axis=1)
+        beyond = counts[:, -1:]
         surv = np.zeros((len(edges) + 1, len(grid)))
-        for b, edge in enumerate(edges):
-            beyond = progress > edge
-            if beyond.any():
-                surv[b] = _survival(progress[beyond] - edge + remaining_after[beyond], grid)
+        np.divide(at_most, beyond, out=surv[:-1], where=beyond > 0)
+        np.subtract(1.0, surv[:-1], out=surv[:-1], where=beyond > 0)
         # Past every sample: nothing is known but that it runs now; assume the shortest tail,
         # remaining_after alone (for answers that is 0: it ends at once).
         surv[-1] = _survival(remaining_after, grid)
