@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meridian.config.schema import EntropyConfig, SchedulerConfig
-from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget
+from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget, Signals
 from meridian.core.entropy import EatSource, EntropyProbe
 from meridian.core.types import ForceReason
 from meridian.errors import ConfigError
@@ -135,6 +135,24 @@ def test_converged_wins_over_overthinking() -> None:
     assert decision is not None and decision.reason is ForceReason.CONVERGED
 
 
+def test_a_request_chooses_which_signals_may_force_it() -> None:
+    both = make_probe(converged=True, overthinking=True)
+    rpdi_only = make_probe(converged=False, overthinking=True)
+
+    def reason(probe: EntropyProbe, signals: Signals) -> ForceReason | None:
+        decision = policy().decide(300, probe, RequestBudget(signals=signals))
+        return None if decision is None else decision.reason
+
+    assert reason(both, Signals.ALL) is ForceReason.CONVERGED
+    assert reason(both, Signals.EAT) is ForceReason.CONVERGED
+    assert reason(both, Signals.RPDI) is ForceReason.OVERTHINKING
+    assert reason(both, Signals.NONE) is None
+    assert reason(rpdi_only, Signals.EAT) is None
+    # The hard cap forces whatever the signals.
+    capped = policy().decide(10, None, RequestBudget(max_think_tokens=10, signals=Signals.NONE))
+    assert capped is not None and capped.reason is ForceReason.HARD_CAP
+
+
 def test_neither_signal_keeps_thinking() -> None:
     assert policy().decide(300, make_probe(converged=False, overthinking=False)) is None
 
@@ -218,3 +236,13 @@ def test_property_floor_and_cap(
         expected = ForceReason.CONVERGED if converged else ForceReason.OVERTHINKING
         assert decision.reason is expected and decision.num_think_tokens == num
         assert decision.detail
+
+
+def test_a_request_with_no_signals_costs_no_entropy_work() -> None:
+    from meridian.core.forcing import ThinkForcer
+    from meridian.core.router import ReasoningModel
+
+    forcer = ThinkForcer(ReasoningModel(think_start=(3,), think_end=(4,)), policy())
+    for key, signals in (("all", Signals.ALL), ("none", Signals.NONE)):
+        forcer.add(key, prompt=[9, 3], output=[], budget=RequestBudget(signals=signals))
+    assert forcer.wants_entropy("all") and not forcer.wants_entropy("none")

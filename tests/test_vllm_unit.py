@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meridian.config import EntropyConfig, MeridianConfig, SchedulerConfig
-from meridian.core.budget import BudgetPolicy, RequestBudget
+from meridian.core.budget import BudgetPolicy, RequestBudget, Signals
 from meridian.core.forcing import ThinkForcer
 from meridian.core.router import ReasoningModel
 from meridian.core.types import ForceReason, Phase
@@ -65,6 +65,11 @@ def test_knobs_parse() -> None:
     # What vLLM's HTTP server makes of JSON false / true.
     assert parse_request_budget({"meridian_forcing": 0}) == RequestBudget(None, False)
     assert parse_request_budget({"meridian_forcing": 1}) == RequestBudget(None, True)
+    assert parse_request_budget({"meridian_signals": "eat"}) == RequestBudget(
+        None, True, Signals.EAT
+    )
+    with pytest.raises(RequestArgsError, match='meridian_signals must be one of "all", "eat"'):
+        parse_request_budget({"meridian_signals": "EATS"})
 
 
 def test_the_http_middleware_rejects_a_bool_cap_and_replays_everything_else() -> None:

@@ -11,8 +11,8 @@ why) or ``None`` (keep thinking). The rules, in order — the first that applies
    floor only holds back the entropy signals, never an explicit cap.
 3. ``num_think_tokens < min_think_tokens`` -> ``None``: the floor.
 4. ``entropy.enabled`` is false, or no probe -> ``None``: only the hard cap forces.
-5. The probe's EAT stop rule fired -> ``CONVERGED``.
-6. The probe's RPDI exceeds its threshold -> ``OVERTHINKING``.
+5. The probe's EAT stop rule fired (and the request's ``signals`` include EAT) -> ``CONVERGED``.
+6. The probe's RPDI exceeds its threshold (and ``signals`` include RPDI) -> ``OVERTHINKING``.
 7. Otherwise ``None``.
 
 When EAT and RPDI both fire, ``CONVERGED`` wins: a converged chain is done whatever its
@@ -23,6 +23,7 @@ transition density. Every decision carries a human-readable ``detail`` with the 
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from meridian.config.schema import EntropyConfig, SchedulerConfig
@@ -30,7 +31,7 @@ from meridian.core.entropy import EntropyProbe
 from meridian.core.types import ForceReason
 from meridian.errors import ConfigError
 
-__all__ = ["BudgetPolicy", "ForceDecision", "RequestBudget"]
+__all__ = ["BudgetPolicy", "ForceDecision", "RequestBudget", "Signals"]
 
 
 def _is_positive_int(value: object) -> bool:
@@ -47,16 +48,37 @@ class ForceDecision:
     detail: str
 
 
+class Signals(enum.Enum):
+    """Which entropy signals may force a request (the hard cap always may): a per-request knob,
+    so one server serves each forcing policy of an accuracy sweep (``meridian bench accuracy``).
+    """
+
+    ALL = "all"
+    EAT = "eat"
+    RPDI = "rpdi"
+    NONE = "none"  # the hard cap only
+
+    @property
+    def eat(self) -> bool:
+        return self in (Signals.ALL, Signals.EAT)
+
+    @property
+    def rpdi(self) -> bool:
+        return self in (Signals.ALL, Signals.RPDI)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestBudget:
     """Per-request overrides (from ``SamplingParams.extra_args`` in the vLLM integration).
 
     ``max_think_tokens`` replaces the config's hard cap for this request; ``forcing=False`` turns
-    every force off for it, hard cap included.
+    every force off for it, hard cap included; ``signals`` chooses which entropy signals may
+    force it.
     """
 
     max_think_tokens: int | None = None
     forcing: bool = True
+    signals: Signals = Signals.ALL
 
     def __post_init__(self) -> None:
         cap = self.max_think_tokens
@@ -129,14 +151,15 @@ class BudgetPolicy:
             )
         if num_think_tokens < self.min_think_tokens or not self.entropy_enabled or probe is None:
             return None
-        if probe.converged:
+        signals = Signals.ALL if budget is None else budget.signals
+        if probe.converged and signals.eat:
             return ForceDecision(
                 ForceReason.CONVERGED,
                 num_think_tokens,
                 f"eat_variance={probe.eat_variance:.4g} < {probe.eat_variance_threshold:g} "
                 f"after {probe.num_eat_samples} samples ({probe.eat_source.value})",
             )
-        if probe.overthinking:
+        if probe.overthinking and signals.rpdi:
             return ForceDecision(
                 ForceReason.OVERTHINKING,
                 num_think_tokens,

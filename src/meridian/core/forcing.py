@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget
+from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget, Signals
 from meridian.core.entropy import EntropyProbe
 from meridian.core.router import PhaseRouter, ReasoningModel
 from meridian.core.types import ForceReason, Phase
@@ -114,8 +114,9 @@ class ThinkForcer:
         if key in self._rows:
             self.remove(key)
         self.router.start(key, self.model, prompt)
-        forcing = budget is None or budget.forcing
-        probe = self.policy.new_probe() if forcing and self.model.has_boundaries else None
+        # No probe (no per-token entropy work) where no entropy signal may force the request.
+        signals = budget is None or (budget.forcing and budget.signals is not Signals.NONE)
+        probe = self.policy.new_probe() if signals and self.model.has_boundaries else None
         self._rows[key] = _Row(output=output, budget=budget, probe=probe)
         self.sync(key)
 

@@ -40,7 +40,7 @@ from meridian.config import (
     resolve_boundary_ids,
 )
 from meridian.config.boundaries import TokenizerLike
-from meridian.core.budget import RequestBudget
+from meridian.core.budget import RequestBudget, Signals
 from meridian.core.router import ReasoningModel
 from meridian.errors import BoundaryError, ConfigError, MeridianError
 
@@ -50,6 +50,7 @@ __all__ = [
     "GENERIC_THINK_TAGS",
     "KNOB_FORCING",
     "KNOB_MAX_THINK_TOKENS",
+    "KNOB_SIGNALS",
     "MeridianRuntime",
     "RequestArgsError",
     "parse_request_budget",
@@ -64,7 +65,8 @@ ENV_CONFIG = "MERIDIAN_CONFIG"
 ENV_MODEL = "MERIDIAN_MODEL"
 KNOB_MAX_THINK_TOKENS = "meridian_max_think_tokens"
 KNOB_FORCING = "meridian_forcing"
-_KNOBS = (KNOB_MAX_THINK_TOKENS, KNOB_FORCING)
+KNOB_SIGNALS = "meridian_signals"
+_KNOBS = (KNOB_MAX_THINK_TOKENS, KNOB_FORCING, KNOB_SIGNALS)
 _FORCING_VALUES: Mapping[str, bool] = {"on": True, "off": False}
 
 # The auto-detection fallback: <think>/</think> as special tokens, wherever a model has them.
@@ -254,8 +256,10 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
     """The per-request budget from ``SamplingParams.extra_args``; ``None`` when none is set.
 
     Keys: ``meridian_max_think_tokens`` (a positive int: replaces the hard cap for this
-    request) and ``meridian_forcing`` (``"on"``/``"off"``, a bool, or 0/1, what vLLM's HTTP
-    server makes of a JSON bool; off disables every force, hard cap included). Any other
+    request), ``meridian_forcing`` (``"on"``/``"off"``, a bool, or 0/1, what vLLM's HTTP
+    server makes of a JSON bool; off disables every force, hard cap included) and
+    ``meridian_signals`` (``"all"``, ``"eat"``, ``"rpdi"`` or ``"none"``: which entropy signals
+    may force the request; the hard cap always may). Any other
     ``meridian_*`` key is a typo and an error; keys without the prefix belong to others and are
     ignored.
 
@@ -288,4 +292,11 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
         raise RequestArgsError(
             f'extra_args.{KNOB_FORCING} must be "on", "off" or a bool; got {raw!r}'
         )
-    return RequestBudget(max_think_tokens=cap, forcing=forcing)
+    raw_signals = extra_args.get(KNOB_SIGNALS, "all")
+    signals = next((s for s in Signals if s.value == raw_signals), None)
+    if signals is None:
+        names = ", ".join(f'"{s.value}"' for s in Signals)
+        raise RequestArgsError(
+            f"extra_args.{KNOB_SIGNALS} must be one of {names}; got {raw_signals!r}"
+        )
+    return RequestBudget(max_think_tokens=cap, forcing=forcing, signals=signals)
