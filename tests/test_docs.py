@@ -31,6 +31,7 @@ NOT_METRICS = frozenset(
     {
         "meridian_forcing",
         "meridian_max_think_tokens",
+        "meridian_signals",
         "meridian_num_tracked",
         "meridian_stats",
         "meridian_overhead",

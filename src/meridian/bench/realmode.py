@@ -36,7 +36,7 @@ KEEPALIVE_S = 1.0
 # sometimes closes a connection before the headers) is sent again, at most this many times.
 MAX_RETRIES = 2
 # Such failures: nothing of the response was seen, so the server did not serve the request.
-_RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+RETRYABLE = (httpx.ConnectError, httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 _WORDS = tuple(
     [
@@ -146,7 +146,7 @@ async def _one(
                         _consume(line, rec, now_ns())
                 break
             except (httpx.HTTPError, RealModeError) as exc:
-                if not answered and attempt < MAX_RETRIES and isinstance(exc, _RETRYABLE):
+                if not answered and attempt < MAX_RETRIES and isinstance(exc, RETRYABLE):
                     retried.append(f"{spec.request_id}: {type(exc).__name__} before a response")
                     continue
                 errors.append(

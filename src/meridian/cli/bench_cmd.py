@@ -24,8 +24,10 @@ from meridian.bench.report import (
 from meridian.bench.simrun import ENGINES, load_requests, simulate
 from meridian.bench.traces import write_trace
 from meridian.bench.workloads import WORKLOADS
+from meridian.cli import accuracy_cmd
 from meridian.cli.common import (
     ASYNC_SCHEDULING,
+    add_server_args,
     check_args,
     make_console,
     make_progress,
@@ -133,8 +135,7 @@ def register(commands: Any) -> None:
             "reasoning (or reasoning_content) and content deltas; write report.json/.md and plots."
         ),
     )
-    real.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000/v1")
-    real.add_argument("--model", required=True, help="model name the server serves")
+    add_server_args(real)
     real.add_argument("--label", default="server", help="name of this run in the report")
     _add_replay_args(real, Path("meridian-out") / "real")
     real.set_defaults(handler=run_real_cmd)
@@ -153,6 +154,8 @@ def register(commands: Any) -> None:
     ab.add_argument("--config", type=Path, help="meridian.toml for the Meridian server")
     _add_replay_args(ab, Path("meridian-out") / "ab-real")
     ab.set_defaults(handler=run_ab_real_cmd, takes_extra=True)
+
+    accuracy_cmd.register(sub)
 
 
 def _add_engine_args(parser: argparse.ArgumentParser, *, policies: str, out_dir: Path) -> None:

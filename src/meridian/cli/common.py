@@ -140,3 +140,11 @@ def run_spec(args: argparse.Namespace, config: Any, **fields: Any) -> SimRunSpec
         enable_prefix_caching=not args.no_prefix_caching,
         **fields,
     )
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    """``--url`` and ``--model`` of the commands that talk to a live server."""
+    parser.add_argument(
+        "--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000/v1"
+    )
+    parser.add_argument("--model", required=True, help="model name the server serves")

@@ -1,0 +1,130 @@
+"""``meridian bench accuracy``: forcing policies' accuracy and think tokens on a labelled set,
+against a live OpenAI-compatible server (:mod:`meridian.bench.accuracy`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from meridian.cli.common import add_server_args, make_console, make_progress
+from meridian.errors import MeridianError
+
+DEFAULT_POLICIES = "none,cap:64,256,hard-cap:256,meridian,eat,rpdi"
+
+
+def register(sub: Any) -> None:
+    """Add ``bench accuracy`` to the ``bench`` subcommands."""
+    acc = sub.add_parser(
+        "accuracy",
+        help="accuracy and think tokens of forcing policies on a labelled set, on a live server",
+        description=(
+            "Send every item of DATASET (JSONL: prompt, answer, checker) to the server once per "
+            "forcing policy (per-request knobs, so one server serves them all); write "
+            "accuracy.json/.md and a plot of accuracy against think tokens with the Pareto front."
+        ),
+    )
+    add_server_args(acc)
+    acc.add_argument("--dataset", required=True, type=Path, help="labelled items (JSONL)")
+    acc.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help="comma list of none, cap:N (vLLM's thinking_token_budget; cap:64,128 sweeps), "
+        f"hard-cap:N, meridian, eat, rpdi (default: {DEFAULT_POLICIES})",
+    )
+    acc.add_argument("--max-tokens", type=int, default=2048, help="max_tokens per request (2048)")
+    acc.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0)")
+    acc.add_argument("--concurrency", type=int, default=8, help="requests in flight (8)")
+    acc.add_argument("--seed", type=int, default=0, help="seed of the item order and sampling (0)")
+    acc.add_argument(
+        "--out-dir", type=Path, default=Path("meridian-out") / "accuracy", help="output folder"
+    )
+    acc.add_argument("--no-plots", action="store_true", help="skip the PNG plot")
+    acc.set_defaults(handler=run_accuracy_cmd)
+
+
+def run_accuracy_cmd(args: argparse.Namespace) -> int:
+    from meridian.bench.accuracy import (
+        AccuracyRun,
+        check_reachable,
+        load_dataset,
+        parse_policies,
+        run_accuracy,
+        summarize,
+        write_accuracy_report,
+    )
+
+    if not args.url.startswith(("http://", "https://")):
+        raise MeridianError(f"--url must start with http:// or https://; got {args.url!r}")
+    for name in ("max_tokens", "concurrency"):
+        if getattr(args, name) < 1:
+            raise MeridianError(
+                f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}"
+            )
+    if args.seed < 0:
+        raise MeridianError(f"--seed must be >= 0; got {args.seed}")
+    if not 0 <= args.temperature <= 2:
+        raise MeridianError(f"--temperature must be in [0, 2]; got {args.temperature}")
+    policies = parse_policies(args.policies)
+    items = load_dataset(args.dataset)
+    check_reachable(args.url)
+    run = AccuracyRun(
+        url=args.url,
+        model=args.model,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        concurrency=args.concurrency,
+        seed=args.seed,
+    )
+    console = make_console()
+    with make_progress(console) as progress:
+        tasks = {p.name: progress.add_task(p.name, total=len(items)) for p in policies}
+        outcomes, walls = run_accuracy(
+            run, policies, items, lambda name, n: progress.update(tasks[name], completed=n)
+        )
+    rows = summarize(outcomes, walls)
+    meta = {
+        "url": args.url,
+        "model": args.model,
+        "dataset": str(args.dataset),
+        "items": len(items),
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "policies": [{"name": p.name, "fields": p.fields} for p in policies],
+    }
+    written = write_accuracy_report(args.out_dir, rows, outcomes, meta, plot=not args.no_plots)
+    table = Table(title=f"accuracy on {args.dataset.name} ({len(items)} items)")
+    for column in (
+        "policy",
+        "accuracy",
+        "95 % Wilson",
+        "think mean",
+        "think P95",
+        "saved",
+        "failed",
+    ):
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for r in rows:
+        saved = (
+            ""
+            if r.think_tokens_saved != r.think_tokens_saved
+            else f"{100 * r.think_tokens_saved:.1f} %"
+        )
+        table.add_row(
+            r.policy,
+            f"{r.correct}/{r.items}",
+            f"{100 * r.accuracy_low:.1f}–{100 * r.accuracy_high:.1f} %",
+            f"{r.think_tokens_mean:.1f}",
+            f"{r.think_tokens_p95:.0f}",
+            saved,
+            str(r.failed),
+        )
+    console.print(table)
+    failed = [o for o in outcomes if o.error is not None]
+    for o in failed[:5]:
+        console.print(f"[red]failed[/red] {o.policy} {o.item}: {o.error}")
+    console.print(f"wrote {len(written)} files under {args.out_dir}/")
+    return 1 if failed and len(failed) == len(outcomes) else 0
