@@ -12,7 +12,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_GPU_VENV := .venv-vllm-gpu
 VLLM_GPU_STAMP := $(VLLM_GPU_VENV)/.installed
 
-.PHONY: venv vllm-venv vllm-gpu-venv clients-venv test lint typecheck unit test-vllm \
+.PHONY: venv vllm-venv vllm-gpu-venv clients-venv test lint typecheck unit test-vllm train-reasoner \
 	test-vllm-gpu bench-sim bench-sim-vllm bench-vllm bench-clients clean
 
 venv: $(STAMP)
@@ -84,6 +84,10 @@ bench-sim: venv
 ## The same A/B on vLLM's own scheduler, driven on virtual time.
 bench-sim-vllm: vllm-venv
 	$(VLLM_BIN)/meridian bench sim --engine vllm
+
+## Retrain models/sum-reasoner, issue 13's small reasoner (about 25 minutes on 2 cores).
+train-reasoner: vllm-venv
+	$(VLLM_BIN)/python scripts/train_reasoner.py --out models/sum-reasoner
 
 ## The vLLM benchmarks: preemptions by phase and answer gaps; scheduler overhead.
 bench-vllm: vllm-venv
