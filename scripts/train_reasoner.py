@@ -54,7 +54,7 @@ SETTINGS: dict[str, Any] = {
 
 
 def build_tokenizer(out: Path) -> Any:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     to_bytes = _byte_level_map()
@@ -64,7 +64,12 @@ def build_tokenizer(out: Path) -> Any:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(SPECIALS))
+    # The think markers are added tokens but not special ones (as in Qwen3's tokenizer): vLLM
+    # detokenizes with skip_special_tokens, and a special </think> would vanish from the text
+    # its reasoning parser splits (the whole reply would read as reasoning).
+    markers = ("<think>", "</think>")
+    tok.add_special_tokens([t for t in SPECIALS if t not in markers])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in markers])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=None, eos_token="<|im_end|>",
         pad_token="<|endoftext|>", unk_token=None,
