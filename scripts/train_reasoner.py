@@ -81,16 +81,11 @@ def build_tokenizer(out: Path) -> Any:
 
 
 def _byte_level_map() -> dict[str, str]:
-    """GPT-2's byte-to-unicode map, for the characters of the alphabet."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+    """GPT-2's byte-level characters (what ``ByteLevel`` turns each byte into), for the
+    characters of the alphabet (all ASCII: one byte each)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    table = bytes_to_unicode()
     return {ch: table[ord(ch)] for ch in ALPHABET}
 
 

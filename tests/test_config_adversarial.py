@@ -116,7 +116,6 @@ def test_every_adversarial_field_is_rejected_by_name_or_runs(
     holds fewer than two blocks of the simulated model), never crash."""
     trace = write_trace(tmp_path / "trace.jsonl")
     accepted: list[tuple[str, str, Path]] = []
-    path = tmp_path / "m.toml"
     for i, (field, value, text) in enumerate(CORPUS):
         path = tmp_path / f"m{i}.toml"
         path.write_text(text, encoding="utf-8")

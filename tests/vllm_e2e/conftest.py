@@ -205,3 +205,21 @@ def post_counted(url: str, path: str, body: dict[str, Any]) -> tuple[Any, dict[s
     assert resp.status_code == 200, resp.text
     after = phase_counters(url)
     return resp.json(), {k: after[k] - before[k] for k in after}
+
+
+def bench_accuracy(
+    url: str, model: Path, dataset: Path, policies: str, max_tokens: int, out: Path
+) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """``meridian bench accuracy`` against the server at ``url`` (8 in flight; exit 0 expected):
+    the report's rows by policy and its outcomes; the Markdown table is printed."""
+    import json
+
+    from meridian.cli import main
+
+    args = ["bench", "accuracy", "--url", f"{url}/v1", "--model", str(model),
+            "--dataset", str(dataset), "--policies", policies, "--max-tokens", str(max_tokens),
+            "--concurrency", "8", "--out-dir", str(out)]  # fmt: skip
+    assert main(args) == 0
+    data = json.loads((out / "accuracy.json").read_text())
+    print((out / "accuracy.md").read_text())
+    return {r["policy"]: r for r in data["summary"]}, data["outcomes"]

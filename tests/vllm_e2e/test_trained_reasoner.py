@@ -7,7 +7,6 @@ figures are printed and kept in the report, whatever they are."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 
 pytest.importorskip("vllm.sampling_params")
 
-from conftest import meridian_server
+from conftest import bench_accuracy, meridian_server
 
 from meridian.bench.reasoner_task import problems, write_dataset
 
@@ -34,20 +33,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_forcing_policies_on_a_model_that_reasons(server: str, tmp_path: Path) -> None:
-    from meridian.cli import main
-
     # Held-out problems (training draws seeds 1..); 20 to 60 steps: 100 to 300 think tokens.
     dataset = write_dataset(tmp_path / "sum.jsonl", problems(ITEMS, seed=777, min_steps=20))
-    out = tmp_path / "accuracy"
-    args = ["bench", "accuracy", "--url", f"{server}/v1", "--model", str(MODEL),
-            "--dataset", str(dataset), "--policies", "none,hard-cap:24,cap:24,meridian,eat,rpdi",
-            "--max-tokens", "400", "--concurrency", "8", "--out-dir", str(out)]  # fmt: skip
-    assert main(args) == 0
-    data = json.loads((out / "accuracy.json").read_text())
-    rows = {r["policy"]: r for r in data["summary"]}
-    print((out / "accuracy.md").read_text())
+    policies = "none,hard-cap:24,cap:24,meridian,eat,rpdi"
+    rows, outcomes = bench_accuracy(server, MODEL, dataset, policies, 400, tmp_path / "out")
     assert all(r["failed"] == 0 for r in rows.values())
-    none = [o for o in data["outcomes"] if o["policy"] == "none"]
+    none = [o for o in outcomes if o["policy"] == "none"]
     # It ends its reasoning by itself: every reply has an answer, and think tokens are those
     # of the problem's steps (5 per step), far below max_tokens.
     assert all(o["answer"] and o["think_tokens"] < 350 for o in none)

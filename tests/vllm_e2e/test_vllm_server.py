@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("vllm.sampling_params")
 httpx = pytest.importorskip("httpx")
 
-from conftest import STARTUP_TIMEOUT_S, meridian_server, metric_value  # noqa: E402
+from conftest import STARTUP_TIMEOUT_S, bench_accuracy, meridian_server, metric_value  # noqa: E402
 
 MAX_THINK = 12
 
@@ -179,21 +179,15 @@ def test_bench_accuracy_applies_each_forcing_policy_on_the_server(
     reach the engine (think tokens as the server counts them: none runs to max_tokens, vLLM's
     static budget and Meridian's hard cap stop where they say). The random-weight model answers
     nothing right; the trained reasoner of issue 13 is what makes accuracy mean something."""
-    from meridian.cli import main
-
     dataset = tmp_path / "set.jsonl"
     dataset.write_text("".join(
         json.dumps({"prompt": f"what is {i} + 1?", "answer": i + 1, "checker": "numeric"}) + "\n"
         for i in range(4)
     ))  # fmt: skip
     out = tmp_path / "accuracy"
-    args = ["bench", "accuracy", "--url", f"{server}/v1", "--model", str(tiny_model),
-            "--dataset", str(dataset), "--policies", "none,cap:4,hard-cap:6,meridian",
-            "--max-tokens", "30", "--concurrency", "4", "--out-dir", str(out)]  # fmt: skip
-    assert main(args) == 0
-    data = json.loads((out / "accuracy.json").read_text())
-    rows = {r["policy"]: r for r in data["summary"]}
-    think = {p: sorted({o["think_tokens"] for o in data["outcomes"] if o["policy"] == p})
+    policies = "none,cap:4,hard-cap:6,meridian"
+    rows, outcomes = bench_accuracy(server, tiny_model, dataset, policies, 30, out)
+    think = {p: sorted({o["think_tokens"] for o in outcomes if o["policy"] == p})
              for p in rows}  # fmt: skip
     print(f"think tokens by policy: {think}")
     assert all(r["failed"] == 0 and r["items"] == 4 for r in rows.values())

@@ -54,18 +54,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
-from meridian.bench.realmode import KEEPALIVE_S, MAX_RETRIES, RETRYABLE, RealModeError
+from meridian.bench.metrics import percentiles
+from meridian.bench.realmode import KEEPALIVE_S, MAX_RETRIES, RETRYABLE, require_server
 from meridian.errors import MeridianError
 
 __all__ = [
     "CHECKERS",
+    "COLUMNS",
     "AccuracyRun",
     "ForcingPolicy",
     "Item",
     "Outcome",
     "PolicySummary",
-    "check_reachable",
+    "cells",
     "count_think_tokens",
     "grade",
     "load_dataset",
@@ -387,13 +390,7 @@ async def _run_all(
     walls: dict[str, float] = {}
     client_at = httpx.AsyncClient(base_url=run.url.rstrip("/"), limits=limits, transport=transport)
     async with client_at as client:
-        try:
-            await client.get("/models", timeout=10.0)
-        except httpx.HTTPError as exc:
-            raise RealModeError(
-                f"cannot reach {run.url.rstrip('/')}/models ({type(exc).__name__}); is the server "
-                "up?"
-            ) from None
+        await require_server(client)
         end_ids = await _think_end_ids(client, run)
         sem = asyncio.Semaphore(run.concurrency)
 
@@ -402,6 +399,8 @@ async def _run_all(
                 return await _ask(client, run, policy, item, end_ids)
 
         for policy in policies:  # one policy at a time: its wall time is its own
+            if on_done is not None:
+                on_done(policy.name, 0)
             start = time.perf_counter()
             tasks = [asyncio.create_task(one(policy, item)) for item in order]
             for done, fut in enumerate(asyncio.as_completed(tasks), start=1):
@@ -411,16 +410,6 @@ async def _run_all(
             walls[policy.name] = time.perf_counter() - start
             outcomes += [t.result() for t in tasks]
     return outcomes, walls
-
-
-def check_reachable(url: str) -> None:
-    """Raise :class:`RealModeError` (one line) unless ``url``/models answers."""
-    try:
-        httpx.get(url.rstrip("/") + "/models", timeout=10.0)
-    except httpx.HTTPError as exc:
-        raise RealModeError(
-            f"cannot reach {url.rstrip('/')}/models ({type(exc).__name__}); is the server up?"
-        ) from None
 
 
 def run_accuracy(
@@ -454,16 +443,6 @@ def wilson_interval(correct: int, total: int, z: float = Z95) -> tuple[float, fl
     return (low, high)
 
 
-def _percentile(values: Sequence[int], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    rank = q / 100 * (len(ordered) - 1)
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 @dataclass(frozen=True, slots=True)
 class PolicySummary:
     """One policy's row of the report."""
@@ -485,13 +464,19 @@ class PolicySummary:
 
 def summarize(outcomes: Sequence[Outcome], walls: dict[str, float]) -> list[PolicySummary]:
     """A row per policy, in the order they ran. Failed requests count as wrong."""
+    think = {
+        policy: percentiles(np.array([o.think_tokens for o in outcomes if o.policy == policy
+                                      and o.think_tokens is not None], dtype=np.float64))
+        for policy in walls
+    }  # fmt: skip
+    base = think["none"].mean if "none" in think else None
     rows: list[PolicySummary] = []
-    for policy in walls:
+    for policy, wall in walls.items():
         mine = [o for o in outcomes if o.policy == policy]
         correct = sum(o.correct for o in mine)
-        think = [o.think_tokens for o in mine if o.think_tokens is not None]
         answers = [o.answer_tokens for o in mine if o.answer_tokens is not None]
         low, high = wilson_interval(correct, len(mine))
+        mean = think[policy].mean
         rows.append(
             PolicySummary(
                 policy=policy,
@@ -501,24 +486,19 @@ def summarize(outcomes: Sequence[Outcome], walls: dict[str, float]) -> list[Poli
                 accuracy=correct / len(mine) if mine else math.nan,
                 accuracy_low=low,
                 accuracy_high=high,
-                think_tokens_mean=sum(think) / len(think) if think else math.nan,
-                think_tokens_p50=_percentile(think, 50),
-                think_tokens_p95=_percentile(think, 95),
+                think_tokens_mean=math.nan if mean is None else mean,
+                think_tokens_p50=_or_nan(think[policy].p50),
+                think_tokens_p95=_or_nan(think[policy].p95),
                 answer_tokens_mean=sum(answers) / len(answers) if answers else math.nan,
-                think_tokens_saved=math.nan,
-                wall_s=walls[policy],
+                think_tokens_saved=(1 - mean / base if mean is not None and base else math.nan),
+                wall_s=wall,
             )
         )
-    base = next((r for r in rows if r.policy == "none"), None)
-    if base is not None and base.think_tokens_mean > 0:
-        rows = [_replace_saved(r, 1 - r.think_tokens_mean / base.think_tokens_mean) for r in rows]
     return rows
 
 
-def _replace_saved(row: PolicySummary, saved: float) -> PolicySummary:
-    values = asdict(row)
-    values["think_tokens_saved"] = saved
-    return PolicySummary(**values)
+def _or_nan(x: float | None) -> float:
+    return math.nan if x is None else x
 
 
 def pareto_front(rows: Sequence[PolicySummary]) -> list[PolicySummary]:
@@ -542,25 +522,41 @@ def _fmt(x: float, spec: str = ".1f") -> str:
     return "n/a" if math.isnan(x) else format(x, spec)
 
 
+COLUMNS = (
+    "policy", "accuracy", "95 % Wilson", "think tokens mean / P50 / P95", "answer tokens mean",
+    "think tokens saved vs none", "failed", "wall s", "Pareto",
+)  # fmt: skip
+
+
+def cells(row: PolicySummary, on_front: bool) -> list[str]:
+    """One row of the report table, a string per :data:`COLUMNS` entry (Markdown and console)."""
+    r = row
+    return [
+        r.policy,
+        f"{r.correct}/{r.items} ({_fmt(100 * r.accuracy)} %)",
+        f"{100 * r.accuracy_low:.1f}–{100 * r.accuracy_high:.1f} %",
+        f"{_fmt(r.think_tokens_mean)} / {_fmt(r.think_tokens_p50, '.0f')} / "
+        f"{_fmt(r.think_tokens_p95, '.0f')}",
+        _fmt(r.answer_tokens_mean),
+        "n/a" if math.isnan(r.think_tokens_saved) else f"{100 * r.think_tokens_saved:.1f} %",
+        str(r.failed),
+        f"{r.wall_s:.1f}",
+        "yes" if on_front else "",
+    ]
+
+
 def markdown(rows: Sequence[PolicySummary], title: str) -> str:
     """The report table (Markdown)."""
     front = {r.policy for r in pareto_front(rows)}
     lines = [
         f"# {title}",
         "",
-        "| policy | accuracy | 95 % Wilson | think tokens mean / P50 / P95 | answer tokens mean "
-        "| think tokens saved vs `none` | failed | wall s | Pareto |",
+        f"| {' | '.join(COLUMNS)} |",
         "|---|--:|---|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:
-        saved = "n/a" if math.isnan(r.think_tokens_saved) else f"{100 * r.think_tokens_saved:.1f} %"
-        lines.append(
-            f"| `{r.policy}` | {r.correct}/{r.items} ({_fmt(100 * r.accuracy)} %) "
-            f"| {100 * r.accuracy_low:.1f}–{100 * r.accuracy_high:.1f} % "
-            f"| {_fmt(r.think_tokens_mean)} / {_fmt(r.think_tokens_p50, '.0f')} / "
-            f"{_fmt(r.think_tokens_p95, '.0f')} | {_fmt(r.answer_tokens_mean)} | {saved} "
-            f"| {r.failed} | {r.wall_s:.1f} | {'yes' if r.policy in front else ''} |"
-        )
+        policy, *rest = cells(r, r.policy in front)
+        lines.append(f"| `{policy}` | {' | '.join(rest)} |")
     return "\n".join(lines) + "\n"
 
 

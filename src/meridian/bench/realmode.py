@@ -196,6 +196,18 @@ def _consume(line: str, rec: RequestRecord, now: int) -> None:
             rec.num_answer_tokens += 1
 
 
+async def require_server(client: httpx.AsyncClient) -> None:
+    """Raise :class:`RealModeError` (one line) unless the client's base URL answers
+    ``/models``: before any request of a run is sent."""
+    try:
+        await client.get("/models", timeout=10.0)
+    except httpx.HTTPError as exc:
+        url = str(client.base_url).rstrip("/")
+        raise RealModeError(
+            f"cannot reach {url}/models ({type(exc).__name__}); is the server up?"
+        ) from None
+
+
 async def _run_all(
     run: RealRunSpec,
     specs: Sequence[RequestSpec],
@@ -208,12 +220,7 @@ async def _run_all(
     # timeout, vLLM's default 5 s): reusing one the server is closing fails with ReadError.
     limits = httpx.Limits(max_connections=run.max_concurrency, keepalive_expiry=KEEPALIVE_S)
     async with httpx.AsyncClient(base_url=run.url.rstrip("/"), limits=limits) as client:
-        try:
-            await client.get("/models", timeout=10.0)
-        except httpx.HTTPError as exc:
-            raise RealModeError(
-                f"cannot reach {run.url}/models ({type(exc).__name__}); is the server up?"
-            ) from None
+        await require_server(client)
         t0 = time.perf_counter()
         tasks = [asyncio.create_task(_one(client, run, s, t0, sem, errors, retried)) for s in specs]
         for done, fut in enumerate(asyncio.as_completed(tasks), start=1):

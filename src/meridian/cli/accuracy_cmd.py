@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from rich.progress import TaskID
 from rich.table import Table
 
 from meridian.cli.common import add_server_args, make_console, make_progress
@@ -47,9 +48,11 @@ def register(sub: Any) -> None:
 
 def run_accuracy_cmd(args: argparse.Namespace) -> int:
     from meridian.bench.accuracy import (
+        COLUMNS,
         AccuracyRun,
-        check_reachable,
+        cells,
         load_dataset,
+        pareto_front,
         parse_policies,
         run_accuracy,
         summarize,
@@ -69,7 +72,6 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
         raise MeridianError(f"--temperature must be in [0, 2]; got {args.temperature}")
     policies = parse_policies(args.policies)
     items = load_dataset(args.dataset)
-    check_reachable(args.url)
     run = AccuracyRun(
         url=args.url,
         model=args.model,
@@ -80,10 +82,15 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
     )
     console = make_console()
     with make_progress(console) as progress:
-        tasks = {p.name: progress.add_task(p.name, total=len(items)) for p in policies}
-        outcomes, walls = run_accuracy(
-            run, policies, items, lambda name, n: progress.update(tasks[name], completed=n)
-        )
+        tasks: dict[str, TaskID] = {}
+
+        def done(name: str, n: int) -> None:
+            # A bar per policy as it starts (none before the server answered /models).
+            if name not in tasks:
+                tasks[name] = progress.add_task(name, total=len(items))
+            progress.update(tasks[name], completed=n)
+
+        outcomes, walls = run_accuracy(run, policies, items, done)
     rows = summarize(outcomes, walls)
     meta = {
         "url": args.url,
@@ -97,31 +104,11 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
     }
     written = write_accuracy_report(args.out_dir, rows, outcomes, meta, plot=not args.no_plots)
     table = Table(title=f"accuracy on {args.dataset.name} ({len(items)} items)")
-    for column in (
-        "policy",
-        "accuracy",
-        "95 % Wilson",
-        "think mean",
-        "think P95",
-        "saved",
-        "failed",
-    ):
+    for column in COLUMNS:
         table.add_column(column, justify="left" if column == "policy" else "right")
+    front = {r.policy for r in pareto_front(rows)}
     for r in rows:
-        saved = (
-            ""
-            if r.think_tokens_saved != r.think_tokens_saved
-            else f"{100 * r.think_tokens_saved:.1f} %"
-        )
-        table.add_row(
-            r.policy,
-            f"{r.correct}/{r.items}",
-            f"{100 * r.accuracy_low:.1f}–{100 * r.accuracy_high:.1f} %",
-            f"{r.think_tokens_mean:.1f}",
-            f"{r.think_tokens_p95:.0f}",
-            saved,
-            str(r.failed),
-        )
+        table.add_row(*cells(r, r.policy in front))
     console.print(table)
     failed = [o for o in outcomes if o.error is not None]
     for o in failed[:5]:

@@ -115,8 +115,10 @@ class ThinkForcer:
             self.remove(key)
         self.router.start(key, self.model, prompt)
         # No probe (no per-token entropy work) where no entropy signal may force the request.
-        signals = budget is None or (budget.forcing and budget.signals is not Signals.NONE)
-        probe = self.policy.new_probe() if signals and self.model.has_boundaries else None
+        entropy_may_force = budget is None or (
+            budget.forcing and budget.signals is not Signals.NONE
+        )
+        probe = self.policy.new_probe() if entropy_may_force and self.model.has_boundaries else None
         self._rows[key] = _Row(output=output, budget=budget, probe=probe)
         self.sync(key)
 
