@@ -22,10 +22,8 @@ environment: ``.venv-vllm/bin/python benchmarks/bench_vllm_preemption.py [--kv-m
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from isolated import emit, run_child
 from meridian.vllm import SCHEDULER_CLS, SHADOW_SCHEDULER_CLS
 
 SCHEDULERS = {"stock": SHADOW_SCHEDULER_CLS, "meridian": SCHEDULER_CLS}
@@ -113,7 +112,7 @@ def main() -> None:
     parser.add_argument("--variant", choices=sorted(SCHEDULERS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
-        print("RESULT " + json.dumps(run_one(args.variant, args)), flush=True)
+        emit(run_one(args.variant, args))
         return
 
     results: dict[str, dict[str, Any]] = {}
@@ -124,13 +123,7 @@ def main() -> None:
             for k, v in vars(args).items()
             if k not in ("variant", "repeat") and v is not None
         ]
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
-            raise SystemExit(f"{variant} run failed (exit {proc.returncode})")
-        result = json.loads(lines[-1][len("RESULT ") :])
+        result = run_child(cmd, variant)
         walls[variant].append(result["wall_s"])
         # The engine's decisions are deterministic; keep the fastest run's times.
         if variant not in results or result["wall_s"] < results[variant]["wall_s"]:

