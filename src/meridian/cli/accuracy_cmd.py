@@ -10,7 +10,9 @@ from typing import Any
 from rich.progress import TaskID
 from rich.table import Table
 
+from meridian.bench.eat_probe import DEFAULT_SUFFIX
 from meridian.cli.common import add_server_args, make_console, make_progress
+from meridian.config import load_config
 from meridian.errors import MeridianError
 
 DEFAULT_POLICIES = "none,cap:64,256,hard-cap:256,meridian,eat,rpdi"
@@ -33,7 +35,28 @@ def register(sub: Any) -> None:
         "--policies",
         default=DEFAULT_POLICIES,
         help="comma list of none, cap:N (vLLM's thinking_token_budget; cap:64,128 sweeps), "
-        f"hard-cap:N, meridian, eat, rpdi (default: {DEFAULT_POLICIES})",
+        "hard-cap:N, meridian, eat, rpdi, eat-probe[:N] (the paper's EAT measured by the "
+        "harness every N reasoning tokens; vLLM servers only; N defaults to "
+        f"[entropy].eat_probe_interval_tokens) (default: {DEFAULT_POLICIES})",
+    )
+    acc.add_argument(
+        "--config",
+        type=Path,
+        help="meridian.toml whose [entropy] section sets eat-probe's tracker and default "
+        "interval (default: the usual search)",
+    )
+    acc.add_argument(
+        "--probe-logprobs",
+        type=int,
+        default=20,
+        help="eat-probe: top-K log-probabilities per probe, at most the server's --max-logprobs "
+        "(20); the rest of the vocabulary counts as one outcome (a lower bound)",
+    )
+    acc.add_argument(
+        "--probe-suffix",
+        default=DEFAULT_SUFFIX,
+        help="eat-probe: the text appended to the reasoning for a probe and for a force "
+        f"(default: {DEFAULT_SUFFIX!r}, as the paper's code)",
     )
     acc.add_argument("--max-tokens", type=int, default=2048, help="max_tokens per request (2048)")
     acc.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0)")
@@ -61,7 +84,7 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
 
     if not args.url.startswith(("http://", "https://")):
         raise MeridianError(f"--url must start with http:// or https://; got {args.url!r}")
-    for name in ("max_tokens", "concurrency"):
+    for name in ("max_tokens", "concurrency", "probe_logprobs"):
         if getattr(args, name) < 1:
             raise MeridianError(
                 f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}"
@@ -70,7 +93,10 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
         raise MeridianError(f"--seed must be >= 0; got {args.seed}")
     if not 0 <= args.temperature <= 2:
         raise MeridianError(f"--temperature must be in [0, 2]; got {args.temperature}")
-    policies = parse_policies(args.policies)
+    if not args.probe_suffix:
+        raise MeridianError("--probe-suffix must not be empty")
+    entropy = load_config(args.config).config.entropy
+    policies = parse_policies(args.policies, entropy.eat_probe_interval_tokens)
     items = load_dataset(args.dataset)
     run = AccuracyRun(
         url=args.url,
@@ -79,6 +105,9 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         concurrency=args.concurrency,
         seed=args.seed,
+        probe_logprobs=args.probe_logprobs,
+        probe_suffix=args.probe_suffix,
+        entropy=entropy,
     )
     console = make_console()
     with make_progress(console) as progress:
@@ -102,6 +131,16 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "policies": [{"name": p.name, "fields": p.fields} for p in policies],
     }
+    if any(p.probe_interval is not None for p in policies):
+        meta["eat_probe"] = {
+            "eat_source": "after_think",
+            "suffix": args.probe_suffix,
+            "logprobs": args.probe_logprobs,
+            "tail": "lumped into one outcome (a lower bound of the entropy)",
+            "ema_alpha": entropy.ema_alpha,
+            "variance_threshold": entropy.eat_ema_variance_threshold,
+            "min_distance": entropy.effective_eat_min_distance,
+        }
     written = write_accuracy_report(args.out_dir, rows, outcomes, meta, plot=not args.no_plots)
     table = Table(title=f"accuracy on {args.dataset.name} ({len(items)} items)")
     for column in COLUMNS:
