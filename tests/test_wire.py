@@ -177,6 +177,18 @@ def test_errors_are_meridian_errors_with_actionable_messages() -> None:
         decode("not bytes")  # type: ignore[arg-type]
 
 
+def test_expected_tier_takes_a_tier_or_its_wire_code() -> None:
+    frame = encode(Tier.THINK_COMPLETE, b"hello")
+    # The wire code works like the Tier it names (it used to raise AttributeError on mismatch).
+    assert decode(frame, expected_tier=0).tier is Tier.THINK_COMPLETE
+    with pytest.raises(TierMismatch, match=r"THINK_COMPLETE \(0\) but OUTPUT_CRITICAL \(2\)") as err:
+        decode(frame, expected_tier=2)
+    assert err.value.expected is Tier.OUTPUT_CRITICAL
+    for bad in (3, -1, True, "0", 0.0):
+        with pytest.raises(ValueError, match=r"expected_tier must be a Tier or its wire code"):
+            decode(frame, expected_tier=bad)  # type: ignore[arg-type]
+
+
 def test_version_is_checked_before_the_rest_of_the_header() -> None:
     # A v2 peer may have a different header size: fail on the version, not on the length.
     with pytest.raises(UnsupportedVersion):

@@ -213,14 +213,22 @@ def encode(tier: Tier, body: BytesLike) -> bytes:
     return b"".join((header, view))
 
 
-def decode(payload: BytesLike, *, expected_tier: Tier | None = None) -> Frame:
-    """Parse and verify one MRDN v1 frame; raises a :class:`WireError` subclass, nothing else.
+def decode(payload: BytesLike, *, expected_tier: Tier | int | None = None) -> Frame:
+    """Parse and verify one MRDN v1 frame; raises a :class:`WireError` subclass for any payload.
 
     Checks run in this order, so the first error names the most basic problem: magic, version
     (a newer version may lay out the rest differently, so nothing else is read), header length,
     padding, tier, body length, checksum, and ``expected_tier`` when given. The returned body
     is a view into ``payload`` (no copy); keep ``payload`` alive and unchanged while using it.
+
+    ``expected_tier`` is a :class:`~meridian.core.types.Tier` or its wire code (``0``, ``1``,
+    ``2``); anything else is the caller's mistake and raises ``ValueError`` before the payload
+    is read.
+
+    >>> decode(encode(Tier.THINK_ACTIVE, b"kv"), expected_tier=1).tier
+    <Tier.THINK_ACTIVE: 1>
     """
+    want = _expected_tier(expected_tier)
     try:
         view = _as_bytes_view(payload, "decode")
     except TypeError as exc:
@@ -248,9 +256,22 @@ def decode(payload: BytesLike, *, expected_tier: Tier | None = None) -> Frame:
     actual = checksum(body)
     if actual != expected:
         raise ChecksumMismatch(expected, actual, body_len)
-    if expected_tier is not None and tier is not expected_tier:
-        raise TierMismatch(tier, expected_tier)
+    if want is not None and tier is not want:
+        raise TierMismatch(tier, want)
     return Frame(tier, body)
+
+
+def _expected_tier(expected: Tier | int | None) -> Tier | None:
+    """``expected_tier`` as a Tier: a Tier, a tier code, or ``None`` (no check)."""
+    if expected is None or isinstance(expected, Tier):
+        return expected
+    # bool is an int, but True is no tier code a caller means.
+    if isinstance(expected, int) and not isinstance(expected, bool) and expected in _TIERS_BY_CODE:
+        return _TIERS_BY_CODE[expected]
+    raise ValueError(
+        f"decode: expected_tier must be a Tier or its wire code ({_KNOWN_TIERS}); "
+        f"got {expected!r}"
+    )
 
 
 def _as_bytes_view(data: BytesLike, operation: str) -> memoryview:
