@@ -35,6 +35,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from meridian.config.boundaries import BUNDLED_MODELS, ModelDefinition
+from meridian.config.loading import REMOVED_FIELDS
 from meridian.config.schema import MeridianConfig
 from meridian.telemetry.catalogue import CATALOGUE, MetricKind, MetricSpec, label_values
 
@@ -170,28 +171,6 @@ ADVICE: dict[str, str] = {
     "kv_memory.capacity_bytes": (
         'Leave at "auto" on a GPU; set it explicitly on CPU builds, in tests, or to reproduce a '
         "run on other hardware. The simulator subtracts the model's weights from the auto value."
-    ),
-    # [disagg]
-    "disagg.enabled": (
-        "Enable only with a KV pool reachable over a fabric; without one, leave off (think KV "
-        "then stays local)."
-    ),
-    "disagg.fabric": (
-        "`inprocess` for tests and single-process use; `nixl` or `mooncake` for a real KV pool. "
-        "Must not be `none` while `disagg.enabled` is true."
-    ),
-    "disagg.offload_threshold_blocks": (
-        "Larger batches amortise per-push overhead on a fast fabric; smaller ones release local "
-        "slots sooner and lose less work when a push fails mid-batch. At most 4 batches are in "
-        "flight."
-    ),
-    "disagg.pool_address": (
-        "Point it at the `--listen` address of `meridian kvpool`; keep it on loopback or a "
-        "private network, the pool's control protocol has no authentication."
-    ),
-    "disagg.transfer_timeout_s": (
-        "Raise it for 64 MiB frames over TCP (Mooncake); lower it to fall back to local KV "
-        "sooner when the pool stalls. A timed-out push keeps the block local."
     ),
     # [telemetry]
     "telemetry.prometheus": (
@@ -427,7 +406,24 @@ def render_configuration(advice: Mapping[str, str] = ADVICE) -> str:
                 "",
             ]
     out += _bundled_models()
+    out += _removed_fields()
     return "\n".join(out).rstrip() + "\n"
+
+
+def _removed_fields() -> list[str]:
+    """The fields a release removed (``REMOVED_FIELDS``): a file that still sets one fails
+    with a line saying what replaced it."""
+    out = [
+        "## Removed fields",
+        "",
+        "A file that still sets one of these fails to load, with this reason in its one-line "
+        "error.",
+        "",
+        "| field | why, and what to use instead |",
+        "|---|---|",
+    ]
+    out += [f"| {code(path)} | {md_text(why)} |" for path, why in REMOVED_FIELDS.items()]
+    return [*out, ""]
 
 
 def _bundled_models() -> list[str]:

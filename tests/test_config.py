@@ -44,8 +44,6 @@ def test_defaults_match_the_design() -> None:
     assert c.entropy.effective_eat_min_distance == 40  # 2 / ema_alpha
     assert c.kv_memory.block_size_bytes == 16384 and c.kv_memory.block_size_tokens == 16
     assert c.kv_memory.capacity_bytes == "auto"
-    assert not c.disagg.enabled and c.disagg.fabric == "none"
-    assert c.disagg.offload_threshold_blocks == 4
     assert not c.telemetry.otlp_enabled
 
 
@@ -99,8 +97,6 @@ def test_defaults_match_the_design() -> None:
         ),
         ("[kv_memory]\nblock_size_bytes = 0", "kv_memory.block_size_bytes"),
         ("[kv_memory]\ncapacity_bytes = 'lots'", "kv_memory.capacity_bytes must be a positive"),
-        ("[disagg]\noffload_threshold_blocks = 0", "disagg.offload_threshold_blocks"),
-        ("[disagg]\nfabric = 'carrier-pigeon'", "disagg.fabric"),
         ("[entropy]\nenabled = 1", "entropy.enabled"),
         ("[telemetry]\notlp_endpoint = 4318", "telemetry.otlp_endpoint"),
     ],
@@ -116,15 +112,23 @@ def test_unknown_fields_are_rejected_with_their_path() -> None:
     assert "bogus: unknown field" in error_of("[bogus]\nx = 1")
 
 
+@pytest.mark.parametrize(
+    "text", ["[disagg]\nenabled = true\nfabric = 'nixl'", "[disagg]\n", "[disagg.pool]\nx = 1"]
+)
+def test_a_disagg_section_names_its_replacement(text: str) -> None:
+    # The KV pool and offload manager are retired (issue 14): an old file's [disagg] table gets
+    # one line saying what replaced it, never "unknown field" and never one line per key.
+    message = error_of(text)
+    assert "\n" not in message
+    assert message.startswith("m.toml: disagg was removed; delete it from the file: ")
+    assert "vLLM's OffloadingConnector" in message
+    assert "`meridian serve --kv-offload-gib N`" in message
+
+
 def test_cross_field_rules() -> None:
     msg = error_of("[scheduler]\nmax_think_tokens = 100\nmin_think_tokens = 200")
     assert "scheduler.max_think_tokens must be greater than scheduler.min_think_tokens" in msg
     assert "got 100" in msg
-    msg = error_of("[disagg]\nenabled = true")
-    assert "disagg.fabric must name a fabric" in msg
-    # "none" is fine while disabled, and a real fabric is fine when enabled.
-    assert parse_config_text("[disagg]\nenabled = false\nfabric = 'none'").disagg.fabric == "none"
-    assert parse_config_text("[disagg]\nenabled = true\nfabric = 'nixl'").disagg.enabled
 
 
 def test_several_errors_are_all_reported() -> None:

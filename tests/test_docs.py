@@ -155,9 +155,7 @@ def test_rendering_escapes_html_and_names_toml_types() -> None:
         "integer (optional)"
     )
     assert gen_docs.toml_type(fields["kv_memory.capacity_bytes"].annotation) == 'integer or "auto"'
-    assert gen_docs.toml_type(fields["disagg.fabric"].annotation) == (
-        '"nixl" or "mooncake" or "inprocess" or "none"'
-    )
+    assert gen_docs.toml_type(fields["scheduler.admission"].annotation) == '"headroom" or "vllm"'
     assert gen_docs.toml_type(fields["model.NAME.think_end_token_ids"].annotation) == (
         "array of integers (optional)"
     )

@@ -10,7 +10,6 @@ from meridian.config.boundaries import (
 )
 from meridian.config.loading import LoadedConfig, load_config, parse_config_text, validate_config
 from meridian.config.schema import (
-    DisaggConfig,
     EntropyConfig,
     KvMemoryConfig,
     MeridianConfig,
@@ -21,7 +20,6 @@ from meridian.config.schema import (
 __all__ = [
     "BUNDLED_MODELS",
     "BoundaryIds",
-    "DisaggConfig",
     "EntropyConfig",
     "KvMemoryConfig",
     "LoadedConfig",

@@ -115,6 +115,11 @@ REMOVED_FIELDS: dict[str, str] = {
         "freeing a request's reasoning KV at </think> is gone: the answer attends over it "
         "(docs/adr/0011-one-policy-two-drivers.md)"
     ),
+    "disagg": (
+        "Meridian's KV pool and offload manager are retired; KV offload goes through vLLM's "
+        "OffloadingConnector: use `meridian serve --kv-offload-gib N` instead "
+        "(docs/adr/0014-kv-offload-through-vllm.md)"
+    ),
 }
 
 

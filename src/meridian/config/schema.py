@@ -15,7 +15,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 from meridian.config.boundaries import BUNDLED_MODELS, ModelDefinition
 from meridian.errors import ConfigError
 
-FabricName = Literal["nixl", "mooncake", "inprocess", "none"]
 # vLLM's gpu_memory_utilization default (vllm/config/cache.py, CacheConfig).
 AUTO_CAPACITY_FRACTION = 0.92
 U32_MAX = 2**32 - 1
@@ -237,29 +236,6 @@ class KvMemoryConfig(_Section):
         return int(device_memory_bytes * AUTO_CAPACITY_FRACTION)
 
 
-class DisaggConfig(_Section):
-    """``[disagg]``: offload of ThinkComplete KV over a fabric."""
-
-    enabled: bool = _field(False, "Offload finished-thinking KV at the think->output transition.")
-    fabric: FabricName = _field("none", "Transport: nixl, mooncake, inprocess or none.")
-    offload_threshold_blocks: PosU32 = _field(4, "Blocks pushed per offload batch.", _U32P)
-    pool_address: str = _field(
-        "127.0.0.1:7470", "HOST:PORT of the KV pool (`meridian kvpool --listen`) for nixl/mooncake."
-    )
-    transfer_timeout_s: PosFloat = _field(
-        10.0, "Seconds a push or pull may take before it fails (the block stays local).", _POS
-    )
-
-    @model_validator(mode="after")
-    def _fabric_matches(self) -> DisaggConfig:
-        if self.enabled and self.fabric == "none":
-            raise ValueError(
-                "fabric must name a fabric (nixl, mooncake or inprocess) when disagg.enabled "
-                "is true; got 'none'"
-            )
-        return self
-
-
 class TelemetryConfig(_Section):
     """``[telemetry]``: Prometheus metrics and optional OTLP export."""
 
@@ -274,7 +250,6 @@ class MeridianConfig(_Section):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     entropy: EntropyConfig = Field(default_factory=EntropyConfig)
     kv_memory: KvMemoryConfig = Field(default_factory=KvMemoryConfig)
-    disagg: DisaggConfig = Field(default_factory=DisaggConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     model: dict[str, ModelDefinition] = Field(
         default_factory=dict,
