@@ -146,7 +146,6 @@ def test_dashboard_shows_vllm_latency_next_to_meridian() -> None:
         "meridian_budget_forces_total",
         "meridian_kv_used_bytes",
         "meridian_kv_evicted_blocks_total",
-        "meridian_disagg_offloaded_blocks_total",
     ):
         assert needle in exprs, needle
 

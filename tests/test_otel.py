@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from meridian.config.schema import TelemetryConfig
-from meridian.core.types import Complete, EnterThink, ExitThink, ForceBudget, ForceReason, Phase
+from meridian.core.types import (
+    Complete,
+    EnterThink,
+    ExitThink,
+    ForceBudget,
+    ForceReason,
+    Phase,
+    Tier,
+)
 from meridian.errors import ConfigError
 from meridian.telemetry import catalogue as cat
 from meridian.telemetry.metrics import MeridianMetrics
@@ -250,7 +258,8 @@ def test_metrics_arrive_under_their_dotted_names(receiver: tuple[str, Received])
     metrics.set_queue_depth(Phase.THINK, 17)
     metrics.observe_output_itl(0.012)
     metrics.observe_output_itl(0.3)
-    metrics.count_offloaded("nixl", 4, 65536)
+    metrics.set_kv_used_bytes(Tier.THINK_ACTIVE, 65536)
+    metrics.count_kv_eviction(Tier.THINK_ACTIVE, 4)
     tracer.shutdown()  # the final collection is exported on shutdown
     metrics.count_force(ForceReason.HARD_CAP)  # after shutdown: Prometheus only, no error
 
@@ -269,10 +278,10 @@ def test_metrics_arrive_under_their_dotted_names(receiver: tuple[str, Received])
     (hist,) = itl.histogram.data_points
     assert hist.count == 2
     assert list(hist.explicit_bounds) == list(cat.OUTPUT_ITL.buckets or ())
-    offloaded = points[cat.OFFLOADED_BYTES.dotted][-1]
-    assert offloaded.unit == "By"
-    assert attrs(offloaded.sum.data_points[0].attributes) == {"fabric": "nixl"}
-    assert points[cat.OFFLOADED_BLOCKS.dotted][-1].unit == "{blocks}"
+    used = points[cat.KV_USED.dotted][-1]
+    assert used.unit == "By"
+    assert {"tier": "think_active"} in [attrs(p.attributes) for p in used.gauge.data_points]
+    assert points[cat.KV_EVICTIONS.dotted][-1].unit == "{blocks}"
     assert (
         metrics.registry.get_sample_value("meridian_budget_forces_total", {"reason": "hard_cap"})
         == 3

@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from meridian.core.types import ForceReason, Phase, Tier
-from meridian.disagg.fabric import KNOWN_FABRICS
 from meridian.telemetry import catalogue as cat
-from meridian.telemetry.catalogue import CATALOGUE, MetricKind, TransferDirection, by_name
+from meridian.telemetry.catalogue import CATALOGUE, MetricKind, by_name
 from meridian.telemetry.metrics import MeridianMetrics, MetricsRegistrationError
 
 # Letters and underscores only: tests/test_deploy.py finds names in PromQL with this pattern.
@@ -104,19 +103,15 @@ def test_catalogue_has_what_the_issue_requires() -> None:
         "meridian_kv_evicted_blocks_total": MetricKind.COUNTER,
         "meridian_batch_size": MetricKind.GAUGE,
         "meridian_preemptions_total": MetricKind.COUNTER,
-        "meridian_disagg_offloaded_blocks_total": MetricKind.COUNTER,
-        "meridian_disagg_ingested_blocks_total": MetricKind.COUNTER,
-        "meridian_disagg_offloaded_bytes_total": MetricKind.COUNTER,
-        "meridian_disagg_ingested_bytes_total": MetricKind.COUNTER,
-        "meridian_disagg_transfer_seconds": MetricKind.HISTOGRAM,
-        "meridian_disagg_fallbacks_total": MetricKind.COUNTER,
-        "meridian_disagg_checksum_failures_total": MetricKind.COUNTER,
         "meridian_policy_errors_total": MetricKind.COUNTER,
     }
     for name, kind in required.items():
         assert kinds.get(name) is kind, name
     # No live process computes entropy row by row: the per-row fallback counter was dropped.
     assert "meridian_vocab_fallbacks_total" not in kinds
+    # The KV pool and the offload manager are retired (vLLM's OffloadingConnector offloads):
+    # nothing emits the disaggregation metrics any more.
+    assert not [name for name in kinds if name.startswith("meridian_disagg_")]
     assert values("meridian_budget_forces_total", "reason") == {
         "converged",
         "overthinking",
@@ -128,11 +123,6 @@ def test_catalogue_has_what_the_issue_requires() -> None:
     assert values("meridian_kv_evicted_blocks_total", "tier") == tiers
     assert {"output", "think"} <= values("meridian_batch_size", "phase")
     assert {"output", "think"} <= values("meridian_preemptions_total", "phase")
-    assert values("meridian_disagg_transfer_seconds", "direction") == {"offload", "ingest"}
-
-
-def test_fabric_labels_match_the_fabrics_the_config_accepts() -> None:
-    assert set(cat.FABRIC_LABELS) == set(KNOWN_FABRICS)
 
 
 def test_catalogue_module_imports_no_prometheus() -> None:
@@ -199,29 +189,8 @@ def test_events_land_on_the_right_series() -> None:
     assert sample(m, "meridian_ttot_seconds_count") == 1
     assert sample(m, "meridian_output_itl_seconds_bucket", le="0.02") == 1
     assert sample(m, "meridian_output_itl_seconds_bucket", le="0.015") == 0
-
-
-def test_disagg_events_by_fabric_and_direction() -> None:
-    m = MeridianMetrics()
-    m.count_offloaded("nixl", 4, 4 * 16384)
-    m.count_ingested("nixl", 3, 3 * 16384)
-    m.count_offload_fallback("nixl")
-    m.count_checksum_failure("mooncake", 2)
-    m.observe_transfer_seconds("nixl", 0.004)
-    m.observe_transfer_seconds("nixl", 0.5, TransferDirection.INGEST)
-    m.observe_transfer_seconds("custom", 0.001)
-    assert sample(m, "meridian_disagg_offloaded_blocks_total", fabric="nixl") == 4
-    assert sample(m, "meridian_disagg_offloaded_bytes_total", fabric="nixl") == 65536
-    assert sample(m, "meridian_disagg_ingested_blocks_total", fabric="nixl") == 3
-    assert sample(m, "meridian_disagg_fallbacks_total", fabric="nixl") == 1
-    assert sample(m, "meridian_disagg_checksum_failures_total", fabric="mooncake") == 2
-    assert sample(m, "meridian_disagg_checksum_failures_total", fabric="nixl") == 0
-    t = "meridian_disagg_transfer_seconds_count"
-    assert sample(m, t, fabric="nixl", direction="offload") == 1
-    assert sample(m, t, fabric="nixl", direction="ingest") == 1
-    assert sample(m, t, fabric="custom", direction="offload") == 1
-    with pytest.raises(ValueError, match="fabric"):
-        m.count_offloaded("", 1, 1)
+    with pytest.raises(ValueError, match="where"):
+        m.count_policy_error("")
 
 
 def test_output_critical_kv_eviction_counts_as_output_critical_eviction() -> None:
@@ -279,13 +248,13 @@ def test_sink_receives_every_event_with_labels_in_order() -> None:
     sink = RecordingSink()
     m.set_sink(sink)
     m.count_force(ForceReason.OVERTHINKING)
-    m.observe_transfer_seconds("nixl", 0.25, TransferDirection.INGEST)
+    m.count_policy_error("schedule")
     m.count_kv_eviction(Tier.OUTPUT_CRITICAL, 2)
     m.set_sink(None)
     m.count_force(ForceReason.OVERTHINKING)
     assert sink.events == [
         ("meridian_budget_forces_total", 1, ("overthinking",)),
-        ("meridian_disagg_transfer_seconds", 0.25, ("nixl", "ingest")),
+        ("meridian_policy_errors_total", 1, ("schedule",)),
         ("meridian_kv_evicted_blocks_total", 2, ("output_critical",)),
         ("meridian_output_critical_evictions_total", 2, ()),
     ]

@@ -98,18 +98,14 @@ def test_streaming_reasoning_and_metrics(server: str, tiny_model: Path) -> None:
     print(f"tokens: think {think}, answer {answer}, vLLM generated {generated}")
     assert think == think_sum and answer > 0
     assert n <= generated - think - answer <= 2 * n
-    # Every metric the dashboard and the alert rules query is on /metrics (the KV pool's
-    # disaggregation metrics aside: `meridian serve` does not run one, issue 14).
+    # Every metric the dashboard and the alert rules query is on /metrics.
     deploy = Path(__file__).resolve().parents[2] / "deploy"
     queried = set()
     for path in [*deploy.glob("grafana/*.json"), *deploy.glob("prometheus/*.yml")]:
         queried |= set(re.findall(r"meridian_[a-z_]+", path.read_text(encoding="utf-8")))
     bases = {re.sub(r"_(bucket|sum|count)$", "", q) for q in queried}
     served = {line.split("{")[0].split(" ")[0] for line in metrics.splitlines() if line[:1] != "#"}
-    missing = sorted(
-        b for b in bases
-        if not b.startswith("meridian_disagg_") and not any(m.startswith(b) for m in served)
-    )  # fmt: skip
+    missing = sorted(b for b in bases if not any(m.startswith(b) for m in served))
     assert missing == []
 
 

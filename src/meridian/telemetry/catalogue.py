@@ -36,13 +36,6 @@ class MetricKind(enum.Enum):
     HISTOGRAM = "histogram"
 
 
-class TransferDirection(enum.Enum):
-    """Which way a disaggregation transfer went (label ``direction``)."""
-
-    OFFLOAD = "offload"  # local KV -> pool
-    INGEST = "ingest"  # pool -> local KV
-
-
 @dataclass(frozen=True, slots=True)
 class MetricSpec:
     """One metric of the catalogue.
@@ -79,13 +72,10 @@ def tier_label(tier: Tier) -> str:
     return tier.name.lower()
 
 
-# Label values every series is created with. Fabric names mirror
-# ``meridian.disagg.fabric.KNOWN_FABRICS`` (telemetry sits below disagg, so it cannot import it;
-# a test keeps the two equal). Unknown fabrics and error sites still work: their series appear
-# on first use.
+# Label values every series is created with. Unknown error sites still work: their series
+# appear on first use.
 QUEUE_PHASES: Final = (Phase.THINK, Phase.OUTPUT)
 ROW_PHASES: Final = (Phase.PREFILL, Phase.THINK, Phase.OUTPUT)
-FABRIC_LABELS: Final = ("inprocess", "nixl", "mooncake")
 POLICY_ERROR_SITES: Final = (
     "schedule",
     "update_from_output",
@@ -106,9 +96,6 @@ _WAIT_BUCKETS: Final = (
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 )  # fmt: skip
 _TTOT_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_TRANSFER_BUCKETS: Final = (
-    1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5,
-)  # fmt: skip
 
 C, G, H = MetricKind.COUNTER, MetricKind.GAUGE, MetricKind.HISTOGRAM
 
@@ -209,7 +196,7 @@ KV_USED: Final = MetricSpec(
     "meridian_kv_used_bytes", G,
     "KV cache bytes held, by tier: in vLLM thinking and prefilling requests' blocks under "
     "think_active, answer streams' (their prompt and reasoning included) under output_critical; "
-    "the KV pool reports the blocks it stores under think_complete.",
+    "think_complete stays 0 (only the retired KV pool reported it).",
     ("tier",), "meridian.kv_used", "bytes",
 )  # fmt: skip
 KV_CAPACITY: Final = MetricSpec(
@@ -221,43 +208,6 @@ KV_EVICTIONS: Final = MetricSpec(
     "meridian_kv_evicted_blocks_total", C,
     "KV blocks lost to a preemption (vLLM recomputes them), by the victim's tier.",
     ("tier",), "meridian.kv_evictions", "blocks",
-)  # fmt: skip
-
-# -- disaggregation -----------------------------------------------------------------------------
-OFFLOADED_BLOCKS: Final = MetricSpec(
-    "meridian_disagg_offloaded_blocks_total", C,
-    "ThinkComplete KV blocks the pool acknowledged, by fabric.",
-    ("fabric",), "meridian.disagg.offloaded_blocks", "blocks",
-)  # fmt: skip
-OFFLOADED_BYTES: Final = MetricSpec(
-    "meridian_disagg_offloaded_bytes_total", C,
-    "KV body bytes offloaded to the pool, by fabric.",
-    ("fabric",), "meridian.disagg.offloaded_bytes", "bytes",
-)  # fmt: skip
-INGESTED_BLOCKS: Final = MetricSpec(
-    "meridian_disagg_ingested_blocks_total", C,
-    "KV blocks restored from the pool and verified, by fabric.",
-    ("fabric",), "meridian.disagg.ingested_blocks", "blocks",
-)  # fmt: skip
-INGESTED_BYTES: Final = MetricSpec(
-    "meridian_disagg_ingested_bytes_total", C,
-    "KV body bytes restored from the pool, by fabric.",
-    ("fabric",), "meridian.disagg.ingested_bytes", "bytes",
-)  # fmt: skip
-TRANSFER_SECONDS: Final = MetricSpec(
-    "meridian_disagg_transfer_seconds", H,
-    "Latency of one fabric transfer (a batch push or a pull), by fabric and direction.",
-    ("fabric", "direction"), "meridian.disagg.transfer_latency", "seconds", _TRANSFER_BUCKETS,
-)  # fmt: skip
-OFFLOAD_FALLBACKS: Final = MetricSpec(
-    "meridian_disagg_fallbacks_total", C,
-    "Offloaded KV blocks that could not be restored and were recomputed, by fabric.",
-    ("fabric",), "meridian.disagg.fallbacks", "blocks",
-)  # fmt: skip
-CHECKSUM_FAILURES: Final = MetricSpec(
-    "meridian_disagg_checksum_failures_total", C,
-    "MRDN frames from the pool whose checksum did not match, by fabric.",
-    ("fabric",), "meridian.disagg.checksum_failures", "frames",
 )  # fmt: skip
 
 CATALOGUE: Final[tuple[MetricSpec, ...]] = (
@@ -279,13 +229,6 @@ CATALOGUE: Final[tuple[MetricSpec, ...]] = (
     KV_USED,
     KV_CAPACITY,
     KV_EVICTIONS,
-    OFFLOADED_BLOCKS,
-    OFFLOADED_BYTES,
-    INGESTED_BLOCKS,
-    INGESTED_BYTES,
-    TRANSFER_SECONDS,
-    OFFLOAD_FALLBACKS,
-    CHECKSUM_FAILURES,
 )
 
 _BY_NAME: Final[Mapping[str, MetricSpec]] = {spec.name: spec for spec in CATALOGUE}
@@ -294,7 +237,6 @@ _PHASES_Q: Final = tuple(phase_label(p) for p in QUEUE_PHASES)
 _PHASES_R: Final = tuple(phase_label(p) for p in ROW_PHASES)
 _TIERS: Final = tuple(tier_label(t) for t in Tier)
 _REASONS: Final = tuple(r.value for r in ForceReason)
-_DIRECTIONS: Final = tuple(d.value for d in TransferDirection)
 
 # Pre-initialised label values per metric and label.
 _INITIAL_VALUES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
@@ -307,13 +249,6 @@ _INITIAL_VALUES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
     KV_BLOCKS.name: {"phase": _PHASES_Q},
     KV_USED.name: {"tier": _TIERS},
     KV_EVICTIONS.name: {"tier": _TIERS},
-    OFFLOADED_BLOCKS.name: {"fabric": FABRIC_LABELS},
-    OFFLOADED_BYTES.name: {"fabric": FABRIC_LABELS},
-    INGESTED_BLOCKS.name: {"fabric": FABRIC_LABELS},
-    INGESTED_BYTES.name: {"fabric": FABRIC_LABELS},
-    TRANSFER_SECONDS.name: {"fabric": FABRIC_LABELS, "direction": _DIRECTIONS},
-    OFFLOAD_FALLBACKS.name: {"fabric": FABRIC_LABELS},
-    CHECKSUM_FAILURES.name: {"fabric": FABRIC_LABELS},
 }
 
 

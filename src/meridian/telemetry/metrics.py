@@ -1,15 +1,15 @@
 """Meridian's metrics as ``prometheus_client`` collectors, behind one method per event.
 
-The simulator, the vLLM integration and the KV pool all report through
-:class:`MeridianMetrics`; none of them touches a Prometheus object. Every collector is built
-from :data:`meridian.telemetry.catalogue.CATALOGUE`, and every known label value is created at
+The simulator and the vLLM integration both report through :class:`MeridianMetrics`; neither
+touches a Prometheus object. Every collector is built from
+:data:`meridian.telemetry.catalogue.CATALOGUE`, and every known label value is created at
 construction so each series exists at 0 from the first scrape.
 
 Two ways to expose the metrics:
 
 - inside vLLM, pass ``prometheus_client.REGISTRY`` so vLLM's ``/metrics`` serves them next to
   ``vllm:*`` (the stat-logger plugin does this);
-- anywhere else (KV pool, tests), keep the private registry and serve it with
+- anywhere else (tests, tools), keep the private registry and serve it with
   :func:`meridian.telemetry.exporter.serve_metrics`.
 
 Example::
@@ -29,12 +29,10 @@ from meridian.core.types import ForceReason, Phase, Tier
 from meridian.errors import MeridianError
 from meridian.telemetry import catalogue as cat
 from meridian.telemetry.catalogue import (
-    FABRIC_LABELS,
     QUEUE_PHASES,
     ROW_PHASES,
     MetricKind,
     MetricSpec,
-    TransferDirection,
 )
 
 _LabelSet: TypeAlias = tuple[str, ...]
@@ -90,20 +88,14 @@ class MeridianMetrics:
 
     __slots__ = (
         "_batch",
-        "_checksum",
         "_collectors",
         "_evictions",
-        "_fallbacks",
         "_forces",
         "_generated",
-        "_ingested_blocks",
-        "_ingested_bytes",
         "_kv_blocks",
         "_kv_capacity",
         "_kv_used",
         "_oc_evictions",
-        "_offloaded_blocks",
-        "_offloaded_bytes",
         "_output_itl",
         "_overhead",
         "_policy_errors",
@@ -113,8 +105,6 @@ class MeridianMetrics:
         "_sink",
         "_think_tokens",
         "_tracked",
-        "_transfer",
-        "_transfer_collector",
         "_ttfvt",
         "_ttot",
         "registry",
@@ -165,21 +155,8 @@ class MeridianMetrics:
         self._kv_used = {t: kv_used.labels(cat.tier_label(t)) for t in Tier}
         evictions = counter(cat.KV_EVICTIONS)
         self._evictions = {t: evictions.labels(cat.tier_label(t)) for t in Tier}
-        # Per-fabric and per-site children: known values bound now, others on first use.
-        fabrics = FABRIC_LABELS
-        self._offloaded_blocks = _Children(counter(cat.OFFLOADED_BLOCKS), "fabric", fabrics)
-        self._offloaded_bytes = _Children(counter(cat.OFFLOADED_BYTES), "fabric", fabrics)
-        self._ingested_blocks = _Children(counter(cat.INGESTED_BLOCKS), "fabric", fabrics)
-        self._ingested_bytes = _Children(counter(cat.INGESTED_BYTES), "fabric", fabrics)
-        self._fallbacks = _Children(counter(cat.OFFLOAD_FALLBACKS), "fabric", fabrics)
-        self._checksum = _Children(counter(cat.CHECKSUM_FAILURES), "fabric", fabrics)
+        # Per-site children: known sites bound now, others on first use.
         self._policy_errors = _Children(counter(cat.POLICY_ERRORS), "where", cat.POLICY_ERROR_SITES)
-        self._transfer_collector = histogram(cat.TRANSFER_SECONDS)
-        self._transfer = {
-            (f, d): self._transfer_collector.labels(f, d.value)
-            for f in fabrics
-            for d in TransferDirection
-        }
 
     def _counter(self, spec: MetricSpec) -> Counter:
         collector = self._collectors[spec.name]
@@ -332,48 +309,6 @@ class MeridianMetrics:
         self._mirror(cat.KV_EVICTIONS, n, (cat.tier_label(tier),))
         if tier is Tier.OUTPUT_CRITICAL:
             self.count_output_critical_eviction(n)
-
-    # -- disaggregation ---------------------------------------------------------------------------
-
-    def count_offloaded(self, fabric: str, blocks: int, nbytes: int) -> None:
-        """The pool behind ``fabric`` acknowledged ``blocks`` blocks of ``nbytes`` KV bytes."""
-        self._offloaded_blocks.get(fabric).inc(blocks)
-        self._offloaded_bytes.get(fabric).inc(nbytes)
-        self._mirror(cat.OFFLOADED_BLOCKS, blocks, (fabric,))
-        self._mirror(cat.OFFLOADED_BYTES, nbytes, (fabric,))
-
-    def count_ingested(self, fabric: str, blocks: int, nbytes: int) -> None:
-        """``blocks`` blocks (``nbytes`` KV bytes) came back from ``fabric`` and verified."""
-        self._ingested_blocks.get(fabric).inc(blocks)
-        self._ingested_bytes.get(fabric).inc(nbytes)
-        self._mirror(cat.INGESTED_BLOCKS, blocks, (fabric,))
-        self._mirror(cat.INGESTED_BYTES, nbytes, (fabric,))
-
-    def observe_transfer_seconds(
-        self,
-        fabric: str,
-        seconds: float,
-        direction: TransferDirection = TransferDirection.OFFLOAD,
-    ) -> None:
-        """One transfer over ``fabric`` (a batch push, or a pull) took ``seconds``."""
-        key = (fabric, direction)
-        child = self._transfer.get(key)
-        if child is None:
-            _check_label("fabric", fabric)
-            child = self._transfer_collector.labels(fabric, direction.value)
-            self._transfer[key] = child
-        child.observe(seconds)
-        self._mirror(cat.TRANSFER_SECONDS, seconds, (fabric, direction.value))
-
-    def count_offload_fallback(self, fabric: str, n: int = 1) -> None:
-        """``n`` offloaded blocks could not be restored from ``fabric`` and are recomputed."""
-        self._fallbacks.get(fabric).inc(n)
-        self._mirror(cat.OFFLOAD_FALLBACKS, n, (fabric,))
-
-    def count_checksum_failure(self, fabric: str, n: int = 1) -> None:
-        """``n`` frames read from ``fabric`` failed their checksum."""
-        self._checksum.get(fabric).inc(n)
-        self._mirror(cat.CHECKSUM_FAILURES, n, (fabric,))
 
 
 class _Children:
