@@ -1,10 +1,12 @@
-"""Tests of the Fabric protocol, InProcessFabric and its fault injection, and make_fabric."""
+"""Tests of the Fabric protocol, InProcessFabric and its fault injection, and the transport
+factories."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -18,15 +20,14 @@ from meridian.disagg.fabric import (
     InProcessFabric,
     PoolFull,
     UnknownHandle,
-    make_fabric,
 )
+from meridian.disagg.transport import make_endpoint, make_producer_plane
 from meridian.errors import ConfigError, MeridianError
 
 
 def test_inprocess_fabric_satisfies_the_protocol_and_never_claims_nixl() -> None:
-    fabric = make_fabric("inprocess")
+    fabric = InProcessFabric()
     assert isinstance(fabric, Fabric)
-    assert isinstance(fabric, InProcessFabric)
     assert fabric.label == "inprocess"
 
 
@@ -181,16 +182,12 @@ def test_concurrent_pushes_are_all_stored() -> None:
     fabric.check_integrity()
 
 
-@pytest.mark.parametrize("name", ["nixl", "mooncake"])
-def test_make_fabric_needs_the_pool_address_for_real_fabrics(name: str) -> None:
-    with pytest.raises(ConfigError, match="needs the address of a running KV pool"):
-        make_fabric(name)
-
-
-@pytest.mark.parametrize("name", ["none", "rdma", ""])
-def test_make_fabric_rejects_other_names(name: str) -> None:
-    with pytest.raises(ConfigError, match=r"disagg\.fabric must be one of inprocess, nixl"):
-        make_fabric(name)
+@pytest.mark.parametrize("name", ["inprocess", "none", "rdma", ""])
+def test_transport_factories_reject_other_names(name: str) -> None:
+    with pytest.raises(ConfigError, match=r"transport must be one of nixl, mooncake"):
+        make_endpoint(name, np.zeros(16, np.uint8))
+    with pytest.raises(ConfigError, match=r"transport must be one of nixl, mooncake"):
+        make_producer_plane(name)
 
 
 def test_error_hierarchy() -> None:

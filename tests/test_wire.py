@@ -181,7 +181,8 @@ def test_expected_tier_takes_a_tier_or_its_wire_code() -> None:
     frame = encode(Tier.THINK_COMPLETE, b"hello")
     # The wire code works like the Tier it names (it used to raise AttributeError on mismatch).
     assert decode(frame, expected_tier=0).tier is Tier.THINK_COMPLETE
-    with pytest.raises(TierMismatch, match=r"THINK_COMPLETE \(0\) but OUTPUT_CRITICAL \(2\)") as err:
+    mismatch = r"THINK_COMPLETE \(0\) but OUTPUT_CRITICAL \(2\)"
+    with pytest.raises(TierMismatch, match=mismatch) as err:
         decode(frame, expected_tier=2)
     assert err.value.expected is Tier.OUTPUT_CRITICAL
     for bad in (3, -1, True, "0", 0.0):

@@ -13,7 +13,3 @@ class ConfigError(MeridianError):
 
 class BoundaryError(MeridianError):
     """Think-boundary tokens could not be resolved from a tokenizer, or disagree with the config."""
-
-
-class FabricNotConfigured(MeridianError):
-    """A KV offload or ingest was asked for while no disaggregation fabric is attached."""

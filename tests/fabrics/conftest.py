@@ -1,41 +1,36 @@
-"""Fixtures of the fabric tests: kvpool child processes that are always cleaned up."""
+"""Fixtures of the fabric tests: target processes and producer planes, always cleaned up."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
 import pytest
-from fabric_support import PoolProcess, running_pools
+from fabric_support import TargetProcess, running_targets
 
-StartPool = Callable[..., PoolProcess]
+from meridian.disagg.transport import ProducerPlane, make_producer_plane
+
+StartTarget = Callable[[str], TargetProcess]
 
 
 @pytest.fixture
-def start_pool() -> Iterator[StartPool]:
-    """Start kvpool processes for one test; all are killed when it ends."""
-    with running_pools() as pools:
+def start_target() -> Iterator[StartTarget]:
+    """Start target processes for one test; all are killed when it ends."""
+    with running_targets() as targets:
 
-        def start(fabric: str, **options: object) -> PoolProcess:
-            pool = PoolProcess(fabric, **options)  # type: ignore[arg-type]
-            pools.append(pool)
-            pool.start()
-            return pool
+        def start(fabric: str) -> TargetProcess:
+            target = TargetProcess(fabric)
+            targets.append(target)
+            target.start()
+            return target
 
         yield start
 
 
-@pytest.fixture(scope="module")
-def shared_pool() -> Iterator[Callable[[str], PoolProcess]]:
-    """One long-lived pool per fabric for a test module (tests must leave it empty)."""
-    started: dict[str, PoolProcess] = {}
-    with running_pools() as pools:
-
-        def get(fabric: str) -> PoolProcess:
-            if fabric not in started or not started[fabric].alive:
-                pool = PoolProcess(fabric)
-                pools.append(pool)
-                pool.start()
-                started[fabric] = pool
-            return started[fabric]
-
-        yield get
+@pytest.fixture
+def plane(fabric_name: str) -> Iterator[ProducerPlane]:
+    """The producer plane of the test's fabric, closed when it ends."""
+    producer = make_producer_plane(fabric_name)
+    try:
+        yield producer
+    finally:
+        producer.close()

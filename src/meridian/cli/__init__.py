@@ -30,22 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's OpenAI server with Meridian (see: meridian serve -h)",
         add_help=False,
     )
-    commands.add_parser(
-        "kvpool",
-        help="run the KV pool process that holds offloaded KV blocks (see: meridian kvpool -h)",
-        add_help=False,
-    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``meridian`` console script."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["kvpool"]:
-        # The pool owns its arguments (meridian.disagg.kvpool.build_parser).
-        from meridian.disagg import kvpool
-
-        return kvpool.main(args_list[1:])
     if args_list[:1] == ["serve"]:
         from meridian.cli import serve_cmd
 

@@ -1,14 +1,12 @@
-"""The Fabric interface: how MRDN frames reach a KV pool and come back.
+"""The Fabric interface: a store of MRDN frames under handles it chooses, and its errors.
 
 A fabric stores opaque payloads (MRDN frames) under handles it chooses. It does not parse them:
-verification is the receiver's job (:func:`meridian.disagg.wire.decode`). Calls are blocking;
-the offload manager runs pushes on worker threads and bounds how many are in flight.
+verification is the receiver's job (:func:`meridian.disagg.wire.decode`). Calls are blocking.
 
-Fabrics: :class:`InProcessFabric` (tests, single-process use) here;
-:class:`~meridian.disagg.nixl_fabric.NixlFabric` and
-:class:`~meridian.disagg.mooncake_fabric.MooncakeFabric`, which talk to a ``meridian kvpool``
-process, in their own modules (imported lazily: their libraries are optional).
-:func:`make_fabric` builds one by name and never falls back silently to another.
+:class:`InProcessFabric` (tests, benchmarks, single-process use) is the implementation here.
+The NIXL and Mooncake modules are one-sided transports between processes
+(:mod:`meridian.disagg.transport`), not stores: the KV pool that made a store of them is
+retired (docs/disaggregation.md). Every transport error is a :class:`FabricError`.
 """
 
 from __future__ import annotations
@@ -20,16 +18,13 @@ from typing import Final, Protocol, runtime_checkable
 
 from meridian.errors import ConfigError, MeridianError
 
-POOL_FABRICS: Final = ("nixl", "mooncake")  # the fabrics that reach a ``meridian kvpool``
-KNOWN_FABRICS: Final = ("inprocess", *POOL_FABRICS)
-
 
 class FabricError(MeridianError):
     """A fabric operation failed; the payload it concerned was not moved."""
 
 
 class FabricUnavailable(FabricError):  # noqa: N818  (names from the design's vocabulary)
-    """The fabric (or the KV pool behind it) cannot be reached, is closed, or is not built in."""
+    """The fabric (or the peer behind it) cannot be reached, is closed, or is not built in."""
 
 
 class FabricTimeout(FabricError):  # noqa: N818
@@ -37,16 +32,16 @@ class FabricTimeout(FabricError):  # noqa: N818
 
 
 class UnknownHandle(FabricError):  # noqa: N818
-    """The pool holds nothing under this handle (never pushed, discarded, or the pool restarted)."""
+    """The fabric holds nothing under this handle (never pushed, or discarded)."""
 
 
 class PoolFull(FabricError):  # noqa: N818
-    """The KV pool has no room for the payload; nothing was stored."""
+    """The fabric has no room for the payload; nothing was stored."""
 
 
 @runtime_checkable
 class Fabric(Protocol):
-    """A transport to a KV pool. Every error it raises is a :class:`FabricError`.
+    """A store of frames under handles. Every error it raises is a :class:`FabricError`.
 
     Contract:
 
@@ -82,7 +77,7 @@ class Fabric(Protocol):
 
 
 class InProcessFabric:
-    """A keyed in-memory KV pool in this process, for tests and single-process serving.
+    """A keyed in-memory store of frames in this process, for tests and benchmarks.
 
     It never claims to be NIXL: its label is ``inprocess``. It is thread-safe. Payloads are
     stored as immutable ``bytes`` (a ``bytes`` payload is kept by reference, anything else is
@@ -164,7 +159,7 @@ class InProcessFabric:
             if payload is None:
                 raise UnknownHandle(
                     f"fabric {self.label} holds nothing under handle {handle!r} (never pushed, "
-                    f"already discarded, or the pool was restarted)"
+                    f"or already discarded)"
                 )
             return payload
 
@@ -273,53 +268,10 @@ class InProcessFabric:
         self._gate.wait()
         if not self.available:
             raise FabricUnavailable(
-                f"fabric {self.label}: the KV pool is unreachable ({operation} failed); "
-                f"offload pauses and blocks stay local until it returns"
+                f"fabric {self.label}: the store is unreachable ({operation} failed; "
+                f"available is False)"
             )
 
     def _check_open(self, operation: str) -> None:
         if self._closed:
             raise FabricUnavailable(f"fabric {self.label} is closed; cannot {operation}")
-
-
-def make_fabric(
-    name: str,
-    *,
-    capacity_bytes: int | None = None,
-    address: str | None = None,
-    timeout_s: float | None = None,
-) -> Fabric:
-    """The fabric named ``name`` (the ``disagg.fabric`` setting).
-
-    ``inprocess`` returns an :class:`InProcessFabric` bounded by ``capacity_bytes``. ``nixl``
-    and ``mooncake`` return a client of the ``meridian kvpool`` process at ``address``
-    (``"127.0.0.1:PORT"``, required; the pool's capacity is set on the pool). They raise
-    :class:`FabricUnavailable` naming the package to install when their library is missing.
-    Anything else raises ConfigError.
-    """
-    if name == "inprocess":
-        return InProcessFabric(capacity_bytes=capacity_bytes)
-    if name in POOL_FABRICS:
-        if address is None:
-            raise ConfigError(
-                f"fabric {name!r} needs the address of a running KV pool (start one with "
-                f"`meridian kvpool --fabric {name} --listen 127.0.0.1:PORT` and pass "
-                f"address='127.0.0.1:PORT')"
-            )
-        if capacity_bytes is not None:
-            raise ConfigError(
-                f"the capacity of a {name} KV pool is set on the pool process "
-                f"(`meridian kvpool --capacity`), not on the producer"
-            )
-        options = {} if timeout_s is None else {"timeout_s": timeout_s}
-        if name == "nixl":
-            from meridian.disagg.nixl_fabric import NixlFabric
-
-            return NixlFabric(address, **options)
-        from meridian.disagg.mooncake_fabric import MooncakeFabric
-
-        return MooncakeFabric(address, **options)
-    raise ConfigError(
-        f"disagg.fabric must be one of {', '.join(KNOWN_FABRICS)}; got {name!r}"
-        + ("" if name != "none" else ' ("none" means no offload: set disagg.enabled = false)')
-    )

@@ -1,21 +1,25 @@
-"""The ``mooncake`` fabric: MRDN frames to and from a kvpool over Mooncake's transfer engine.
+"""The ``mooncake`` transport: MRDN frames to and from another process's memory over
+Mooncake's transfer engine.
 
 Both sides run a Mooncake ``TransferEngine`` with the TCP transport in P2P-handshake mode
 (``metadata_server="P2PHANDSHAKE"``: no etcd, no metadata server; each engine answers
-handshakes on its own RPC port). The pool registers its slab; the producer registers a
-staging buffer and moves frames with one-sided transfers into and out of the slot the kvpool
-control plane (:mod:`meridian.disagg.kvpool`) assigned: ``transfer_submit_write`` for a push,
-``batch_transfer_async_read`` for a pull, both polled with ``transfer_check_status`` until
-done or until the operation's deadline. The MRDN frame travels unchanged, header included.
+handshakes on its own RPC port). The target (:class:`MooncakeEndpoint`) registers the region
+frames go to; the initiator (:class:`MooncakeProducerPlane`) registers a staging buffer and
+moves frames with one-sided transfers into and out of that region: ``transfer_submit_write``
+for a write, ``batch_transfer_async_read`` for a read, both polled with
+``transfer_check_status`` until done or until the operation's deadline. The MRDN frame travels
+unchanged, header included.
 
-A producer keeps one engine for its lifetime (tearing one down takes up to a second). A
-restarted pool has a new RPC port, hence a new segment name, so the engine's cached
-description of the old pool is never used for the new one.
+An initiator keeps one engine for its lifetime (tearing one down takes up to a second). A
+restarted target has a new RPC port, hence a new session name, so the engine's cached
+description of the old one is never used for the new one.
 
 Loopback only: ``MC_TCP_BIND_ADDRESS`` defaults to ``127.0.0.1`` and ``MC_LOG_LEVEL`` to
-``ERROR``. Install: ``pip install mooncake-transfer-engine-non-cuda==0.3.13.post1`` and
-Debian's ``libibverbs1`` (the engine links it even for TCP); the plain
-``mooncake-transfer-engine`` wheel needs the CUDA driver. ``scripts/install-fabrics.sh`` does it.
+``ERROR``. Whoever learns the target's session can read and write its whole region: see
+:mod:`meridian.disagg.transport`. Install: ``pip install
+mooncake-transfer-engine-non-cuda==0.3.13.post1`` and Debian's ``libibverbs1`` (the engine
+links it even for TCP); the plain ``mooncake-transfer-engine`` wheel needs the CUDA driver.
+``scripts/install-fabrics.sh`` does it.
 """
 
 from __future__ import annotations
@@ -28,13 +32,7 @@ from typing import Any, Final
 import numpy as np
 
 from meridian.disagg.fabric import FabricTimeout, FabricUnavailable
-from meridian.disagg.kvpool import DEFAULT_TIMEOUT_S, PoolFabric, parse_address
-from meridian.disagg.kvpool.client import (
-    MIN_STAGING_BYTES,
-    POLL_SLEEP_S,
-    SPIN_POLLS,
-    load_transport,
-)
+from meridian.disagg.transport import MIN_STAGING_BYTES, POLL_SLEEP_S, SPIN_POLLS, load_transport
 from meridian.disagg.wire import BytesLike
 
 _log = logging.getLogger(__name__)
@@ -77,25 +75,28 @@ def start_engine(api: Any, host: str) -> Any:
 
 
 class MooncakeProducerPlane:
-    """The producer's Mooncake side: an engine, a staging buffer, transfers to the slab."""
+    """The initiator's Mooncake side: an engine, a staging buffer, transfers to a peer's region.
+
+    Implements :class:`~meridian.disagg.transport.ProducerPlane`.
+    """
 
     def __init__(self) -> None:
         self._api = load_mooncake()
         self._engine: Any = None
         self._staging: np.ndarray[Any, np.dtype[np.uint8]] = np.empty(0, np.uint8)
         self._session: str | None = None
-        self._slab_addr = 0
+        self._region_addr = 0
 
-    def attach(self, data_plane: Mapping[str, Any], deadline: float) -> None:
-        """Start the engine (once) and aim it at the pool's session."""
-        session = str(data_plane["session"])
+    def attach(self, description: Mapping[str, Any], deadline: float) -> None:
+        """Start the engine (once) and aim it at the target's session."""
+        session = str(description["session"])
         if self._engine is None:
             self._engine = start_engine(self._api, "127.0.0.1")
         self._session = session
-        self._slab_addr = int(data_plane["slab_addr"])
+        self._region_addr = int(description["region_addr"])
 
     def write(self, payload: BytesLike, offset: int, deadline: float) -> None:
-        """Stage ``payload`` and write it to the slab at ``offset``."""
+        """Stage ``payload`` and write it to the region at ``offset``."""
         source = np.frombuffer(payload, np.uint8)
         session, remote = self._target(offset)
         self._ensure_staging(source.nbytes)
@@ -105,7 +106,7 @@ class MooncakeProducerPlane:
         self._wait(batch, "write", source.nbytes, deadline)
 
     def read(self, offset: int, num_bytes: int, deadline: float) -> bytes:
-        """Read ``num_bytes`` of the slab at ``offset``."""
+        """Read ``num_bytes`` of the region at ``offset``."""
         session, remote = self._target(offset)
         self._ensure_staging(num_bytes)
         address = int(self._staging.ctypes.data)
@@ -114,7 +115,7 @@ class MooncakeProducerPlane:
         return self._staging[:num_bytes].tobytes()
 
     def detach(self) -> None:
-        """Forget the pool's session."""
+        """Forget the target's session."""
         self._session = None
 
     def close(self) -> None:
@@ -125,8 +126,8 @@ class MooncakeProducerPlane:
 
     def _target(self, offset: int) -> tuple[str, int]:
         if self._session is None or self._engine is None:
-            raise FabricUnavailable("Mooncake: not attached to a kvpool")
-        return self._session, self._slab_addr + offset
+            raise FabricUnavailable("Mooncake: not attached to a peer (call attach first)")
+        return self._session, self._region_addr + offset
 
     def _ensure_staging(self, num_bytes: int) -> None:
         if self._staging.nbytes >= num_bytes:
@@ -144,14 +145,15 @@ class MooncakeProducerPlane:
     def _wait(self, batch: int, op: str, num_bytes: int, deadline: float) -> None:
         if batch <= 0:
             raise FabricUnavailable(
-                f"Mooncake could not submit a {num_bytes}-byte {op} to the kvpool at "
+                f"Mooncake could not submit a {num_bytes}-byte {op} to the peer at "
                 f"{self._session} (returned {batch}): it stopped or is unreachable"
             )
         num_polls = 0
         while (status := self._engine.transfer_check_status(batch)) == _IN_PROGRESS:
             if time.monotonic() > deadline:
                 raise FabricTimeout(
-                    f"Mooncake {op} of {num_bytes} bytes to the kvpool did not finish in time"
+                    f"Mooncake {op} of {num_bytes} bytes did not finish in time; the peer may "
+                    f"be overloaded, stopped or gone"
                 )
             num_polls += 1
             if num_polls > SPIN_POLLS:
@@ -160,7 +162,7 @@ class MooncakeProducerPlane:
             raise FabricTimeout(f"Mooncake {op} of {num_bytes} bytes timed out in the engine")
         if status != _DONE:
             raise FabricUnavailable(
-                f"Mooncake {op} of {num_bytes} bytes to the kvpool at {self._session} failed "
+                f"Mooncake {op} of {num_bytes} bytes to the peer at {self._session} failed "
                 f"(status {status}): it stopped or was killed"
             )
 
@@ -170,48 +172,36 @@ class MooncakeProducerPlane:
         self._staging = np.empty(0, np.uint8)
 
 
-class MooncakePoolEndpoint:
-    """The kvpool's Mooncake side: an engine with the slab registered."""
+class MooncakeEndpoint:
+    """The target's Mooncake side: an engine with ``region`` registered.
+
+    Implements :class:`~meridian.disagg.transport.Endpoint`.
+    """
 
     label: Final = "mooncake"
     progress_interval_s: Final = 0.05  # the engine runs its own threads; nothing to poll
 
-    def __init__(self, slab: np.ndarray[Any, Any], *, host: str, epoch: str) -> None:
+    def __init__(self, region: np.ndarray[Any, Any], *, host: str = "127.0.0.1") -> None:
         self._engine = start_engine(load_mooncake(), host)
         self._host = host
-        self._slab = slab
-        status = self._engine.register_memory(int(slab.ctypes.data), slab.nbytes)
+        self._region = region
+        status = self._engine.register_memory(int(region.ctypes.data), region.nbytes)
         if status != 0:
             raise FabricUnavailable(
-                f"Mooncake could not register the kvpool's {slab.nbytes}-byte slab "
-                f"(status {status})"
+                f"Mooncake could not register a {region.nbytes}-byte region (status {status})"
             )
 
     def describe(self) -> dict[str, object]:
-        """The engine's session name and where the slab is."""
+        """The engine's session name and where the region is."""
         return {
             "session": f"{self._host}:{self._engine.get_rpc_port()}",
-            "slab_addr": int(self._slab.ctypes.data),
-            "slab_bytes": self._slab.nbytes,
+            "region_addr": int(self._region.ctypes.data),
+            "region_bytes": self._region.nbytes,
         }
 
     def progress(self) -> None:
         """Nothing to do: the engine progresses on its own threads."""
 
     def close(self) -> None:
-        """Deregister the slab."""
-        self._engine.unregister_memory(int(self._slab.ctypes.data))
-
-
-class MooncakeFabric(PoolFabric):
-    """Push and pull MRDN frames to a ``meridian kvpool --fabric mooncake`` process over
-    Mooncake's transfer engine (TCP).
-
-    Contract and errors as :class:`~meridian.disagg.nixl_fabric.NixlFabric`: the pool gone or
-    a failed transfer -> FabricUnavailable; over ``timeout_s`` -> FabricTimeout; no room ->
-    PoolFull; a handle the pool does not hold -> UnknownHandle. Thread-safe (serialized).
-    """
-
-    def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        parse_address(address)
-        super().__init__("mooncake", address, MooncakeProducerPlane(), timeout_s=timeout_s)
+        """Deregister the region."""
+        self._engine.unregister_memory(int(self._region.ctypes.data))

@@ -1,18 +1,18 @@
-"""The ``nixl`` fabric: MRDN frames to and from a kvpool process over NIXL (UCX), one host.
+"""The ``nixl`` transport: MRDN frames to and from another process's memory over NIXL (UCX).
 
-Both sides hold a NIXL agent with the UCX backend and one registered DRAM region: the pool its
-slab, the producer a staging buffer. The pool's agent metadata reaches the producer through
-NIXL's own listener (``fetch_remote_metadata``); slots are negotiated on the kvpool control
-plane (:mod:`meridian.disagg.kvpool`). A push copies the frame into the staging buffer and
-posts a NIXL WRITE into the pool's slot; a pull posts a NIXL READ. Transfers are polled
+Both sides hold a NIXL agent with the UCX backend and one registered DRAM region: the target
+(:class:`NixlEndpoint`) the region frames go to, the initiator (:class:`NixlProducerPlane`) a
+staging buffer. The target's agent metadata reaches the initiator through NIXL's own listener
+(``fetch_remote_metadata``). A write copies the frame into the staging buffer and posts a NIXL
+WRITE at an offset of the target's region; a read posts a NIXL READ. Transfers are polled
 (``check_xfer_state``) until done or until the operation's deadline: agents run without a
-progress thread (``enable_prog_thread=False``), so polling is what moves them, and the pool
-polls its agent every millisecond (UCX's TCP transport needs the target to progress).
+progress thread (``enable_prog_thread=False``), so polling is what moves them, and the target
+must call :meth:`NixlEndpoint.progress` often (UCX's TCP transport needs the target to progress).
 
 Loopback only: ``UCX_NET_DEVICES`` defaults to ``lo``, ``UCX_MODULES`` to ``^ib`` and
 ``NIXL_LOG_LEVEL`` to ``WARN`` (set them yourself to override). NIXL's metadata listeners bind
-their port on every interface (NIXL 1.5.1 has no bind address); the pool only ever announces
-127.0.0.1, and UCX's own sockets bind to ``lo``.
+their port on every interface (NIXL 1.5.1 has no bind address), and whoever fetches the
+target's metadata can read and write its whole region: see :mod:`meridian.disagg.transport`.
 
 Install: ``pip install --no-deps nixl==1.5.1 nixl-cu12==1.5.1`` (the ``nixl`` package's own
 dependencies pull in CUDA torch, which NIXL's DRAM path does not need); the cu12 wheel bundles
@@ -32,13 +32,7 @@ from typing import Any, Final
 import numpy as np
 
 from meridian.disagg.fabric import FabricError, FabricTimeout, FabricUnavailable
-from meridian.disagg.kvpool import DEFAULT_TIMEOUT_S, PoolFabric, parse_address
-from meridian.disagg.kvpool.client import (
-    MIN_STAGING_BYTES,
-    POLL_SLEEP_S,
-    SPIN_POLLS,
-    load_transport,
-)
+from meridian.disagg.transport import MIN_STAGING_BYTES, POLL_SLEEP_S, SPIN_POLLS, load_transport
 from meridian.disagg.wire import BytesLike
 
 _log = logging.getLogger(__name__)
@@ -70,7 +64,7 @@ def _nixl_failure(action: str, exc: Exception) -> FabricError:
     """A FabricError for an exception raised by NIXL's bindings."""
     kind = type(exc).__name__
     if "Disconnect" in kind:
-        return FabricUnavailable(f"NIXL lost the kvpool during {action} ({kind}): it stopped")
+        return FabricUnavailable(f"NIXL lost the peer during {action} ({kind}): it stopped")
     return FabricUnavailable(f"NIXL failed to {action}: {kind}: {exc}")
 
 
@@ -114,7 +108,10 @@ class _Staging:
 
 
 class NixlProducerPlane:
-    """The producer's NIXL side: an agent, a staging buffer, WRITE/READ to the pool's slab."""
+    """The initiator's NIXL side: an agent, a staging buffer, WRITE/READ to a peer's region.
+
+    Implements :class:`~meridian.disagg.transport.ProducerPlane`.
+    """
 
     def __init__(self) -> None:
         api = load_nixl()
@@ -134,46 +131,46 @@ class NixlProducerPlane:
             )
         self._staging = _Staging(self._agent)
         self._remote: str | None = None
-        self._slab_addr = 0
+        self._region_addr = 0
 
-    def attach(self, data_plane: Mapping[str, Any], deadline: float) -> None:
-        """Load the pool agent's metadata through its NIXL listener."""
+    def attach(self, description: Mapping[str, Any], deadline: float) -> None:
+        """Load the target agent's metadata through its NIXL listener."""
         name, host, port = (
-            str(data_plane["agent"]),
-            str(data_plane["host"]),
-            int(data_plane["port"]),
+            str(description["agent"]),
+            str(description["host"]),
+            int(description["port"]),
         )
         try:
             self._agent.fetch_remote_metadata(name, host, port)
             while not self._agent.check_remote_metadata(name):
                 if time.monotonic() > deadline:
                     raise FabricTimeout(
-                        f"the kvpool's NIXL listener at {host}:{port} sent no agent metadata "
-                        f"in time; is the pool overloaded or stopping?"
+                        f"the NIXL listener at {host}:{port} sent no agent metadata in time; "
+                        f"is the peer overloaded or stopping?"
                     )
                 time.sleep(0.001)
         except FabricError:
             raise
         except Exception as exc:
-            raise _nixl_failure(f"fetch the kvpool's metadata from {host}:{port}", exc) from exc
+            raise _nixl_failure(f"fetch the peer's metadata from {host}:{port}", exc) from exc
         self._remote = name
-        self._slab_addr = int(data_plane["slab_addr"])
+        self._region_addr = int(description["region_addr"])
 
     def write(self, payload: BytesLike, offset: int, deadline: float) -> None:
-        """Stage ``payload`` and NIXL-WRITE it to the slab at ``offset``."""
+        """Stage ``payload`` and NIXL-WRITE it to the region at ``offset``."""
         source = np.frombuffer(payload, np.uint8)
         self._staging.ensure(source.nbytes)
         np.copyto(self._staging.buffer[: source.nbytes], source)
         self._transfer("WRITE", offset, source.nbytes, deadline)
 
     def read(self, offset: int, num_bytes: int, deadline: float) -> bytes:
-        """NIXL-READ ``num_bytes`` of the slab at ``offset``."""
+        """NIXL-READ ``num_bytes`` of the region at ``offset``."""
         self._staging.ensure(num_bytes)
         self._transfer("READ", offset, num_bytes, deadline)
         return self._staging.buffer[:num_bytes].tobytes()
 
     def detach(self) -> None:
-        """Forget the pool agent (NIXL disconnects from it)."""
+        """Forget the target agent (NIXL disconnects from it)."""
         remote, self._remote = self._remote, None
         if remote is not None:
             try:
@@ -190,20 +187,20 @@ class NixlProducerPlane:
     def _transfer(self, op: str, offset: int, num_bytes: int, deadline: float) -> None:
         remote = self._remote
         if remote is None:
-            raise FabricUnavailable("NIXL: not attached to a kvpool")
+            raise FabricUnavailable("NIXL: not attached to a peer (call attach first)")
         agent = self._agent
         handle: Any = None
         try:
             local = agent.get_xfer_descs([(self._staging.address, num_bytes, 0)], "DRAM")
-            target = agent.get_xfer_descs([(self._slab_addr + offset, num_bytes, 0)], "DRAM")
+            target = agent.get_xfer_descs([(self._region_addr + offset, num_bytes, 0)], "DRAM")
             handle = agent.initialize_xfer(op, local, target, remote)
             state = agent.transfer(handle)
             num_polls = 0
             while state == "PROC":
                 if time.monotonic() > deadline:
                     raise FabricTimeout(
-                        f"NIXL {op} of {num_bytes} bytes to the kvpool did not finish in time; "
-                        f"the pool may be overloaded or hung"
+                        f"NIXL {op} of {num_bytes} bytes did not finish in time; the peer may "
+                        f"be overloaded, stopped or gone"
                     )
                 num_polls += 1
                 if num_polls > SPIN_POLLS:
@@ -211,7 +208,7 @@ class NixlProducerPlane:
                 state = agent.check_xfer_state(handle)
             if state != "DONE":
                 raise FabricUnavailable(
-                    f"NIXL {op} of {num_bytes} bytes to the kvpool failed (state {state})"
+                    f"NIXL {op} of {num_bytes} bytes to the peer failed (state {state})"
                 )
         except FabricError:
             raise
@@ -225,38 +222,42 @@ class NixlProducerPlane:
                     _log.debug("NIXL could not release a transfer handle: %s", exc)
 
 
-class NixlPoolEndpoint:
-    """The kvpool's NIXL side: an agent with a listener, and the slab registered as DRAM."""
+class NixlEndpoint:
+    """The target's NIXL side: an agent with a listener, and ``region`` registered as DRAM.
+
+    Implements :class:`~meridian.disagg.transport.Endpoint`. Call :meth:`progress` every
+    ``progress_interval_s`` while initiators transfer.
+    """
 
     label: Final = "nixl"
     progress_interval_s: Final = 0.001
 
-    def __init__(self, slab: np.ndarray[Any, Any], *, host: str, epoch: str) -> None:
+    def __init__(self, region: np.ndarray[Any, Any], *, host: str = "127.0.0.1") -> None:
         api = load_nixl()
         self._host = host
         # NIXL 1.5.1 cannot report the port of an ephemeral listener, so pick a free one.
         self._port = _free_port(host)
-        self._name = f"meridian-kvpool-{epoch}"
-        self._slab = slab
+        self._name = f"meridian-endpoint-{os.getpid()}-{secrets.token_hex(3)}"
+        self._region = region
         config = api.nixl_agent_config(
             enable_prog_thread=False, enable_listen_thread=True, listen_port=self._port
         )
         try:
             self._agent: Any = api.nixl_agent(self._name, config)
             self._registration: Any = self._agent.register_memory(
-                [(int(slab.ctypes.data), slab.nbytes, 0, "")], "DRAM"
+                [(int(region.ctypes.data), region.nbytes, 0, "")], "DRAM"
             )
         except Exception as exc:
-            raise _nixl_failure(f"register the kvpool's {slab.nbytes}-byte slab", exc) from exc
+            raise _nixl_failure(f"register a {region.nbytes}-byte region", exc) from exc
 
     def describe(self) -> dict[str, object]:
-        """The pool agent's name and listener, and where the slab is."""
+        """The agent's name and listener, and where the region is."""
         return {
             "agent": self._name,
             "host": self._host,
             "port": self._port,
-            "slab_addr": int(self._slab.ctypes.data),
-            "slab_bytes": self._slab.nbytes,
+            "region_addr": int(self._region.ctypes.data),
+            "region_bytes": self._region.nbytes,
         }
 
     def progress(self) -> None:
@@ -268,29 +269,11 @@ class NixlPoolEndpoint:
             _log.debug("NIXL progress: %s", exc)
 
     def close(self) -> None:
-        """Deregister the slab."""
+        """Deregister the region."""
         try:
             self._agent.deregister_memory(self._registration)
         except Exception as exc:
             _log.debug("NIXL deregister_memory failed: %s", exc)
-
-
-class NixlFabric(PoolFabric):
-    """Push and pull MRDN frames to a ``meridian kvpool --fabric nixl`` process over NIXL.
-
-    Contract: :class:`~meridian.disagg.fabric.Fabric`. Errors: the pool gone or a failed
-    transfer -> FabricUnavailable; an operation over ``timeout_s`` -> FabricTimeout; no room
-    -> PoolFull; a handle the pool does not hold (or held before it restarted) ->
-    UnknownHandle. Thread-safe (operations are serialized).
-
-    >>> fabric = NixlFabric("127.0.0.1:7470")          # doctest: +SKIP
-    >>> fabric.pull(fabric.push(frame)) == frame        # doctest: +SKIP
-    True
-    """
-
-    def __init__(self, address: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        parse_address(address)  # a bad address fails before NIXL starts
-        super().__init__("nixl", address, NixlProducerPlane(), timeout_s=timeout_s)
 
 
 def _free_port(host: str) -> int:

@@ -15,8 +15,11 @@ The checksum covers the body only (as the format specifies). Every single-bit fl
 is caught by :func:`decode` except one kind: the tier byte's two low bits can flip one valid
 code into another (0 <-> 1, 0 <-> 2), which no field of the frame can reveal. A receiver that
 knows which tier it asked for passes ``expected_tier`` and then catches those too
-(:class:`TierMismatch`); the offload manager always does. ``docs/wire-format.md`` has the
-test vectors a peer in another language can check itself against.
+(:class:`TierMismatch`). ``docs/wire-format.md`` has the test vectors a peer in another
+language can check itself against.
+
+The checksum detects corruption, not forgery: it is an unkeyed hash, so anyone who can write a
+frame can write a valid one. Authenticate the channel or the peer if that matters.
 """
 
 from __future__ import annotations
@@ -140,8 +143,8 @@ class ChecksumMismatch(WireError):  # noqa: N818
         self.actual = actual
         super().__init__(
             f"MRDN checksum mismatch: the header says {expected.hex()}, the {num_bytes}-byte "
-            f"body hashes to {actual.hex()}; the block was corrupted in transfer or in the "
-            f"pool: discard it and recompute"
+            f"body hashes to {actual.hex()}; the block was corrupted in transfer or at rest: "
+            f"discard it and recompute"
         )
 
 
@@ -269,8 +272,7 @@ def _expected_tier(expected: Tier | int | None) -> Tier | None:
     if isinstance(expected, int) and not isinstance(expected, bool) and expected in _TIERS_BY_CODE:
         return _TIERS_BY_CODE[expected]
     raise ValueError(
-        f"decode: expected_tier must be a Tier or its wire code ({_KNOWN_TIERS}); "
-        f"got {expected!r}"
+        f"decode: expected_tier must be a Tier or its wire code ({_KNOWN_TIERS}); got {expected!r}"
     )
 
 
