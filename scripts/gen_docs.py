@@ -485,8 +485,8 @@ def render_metrics(catalogue: Sequence[MetricSpec] = CATALOGUE) -> str:
         "# Metric catalogue",
         "",
         "Every metric Meridian exports, generated from `meridian.telemetry.catalogue`. The vLLM "
-        "integration registers them on the registry vLLM's `/metrics` serves; the simulator and "
-        "the KV pool report through the same catalogue. Names follow "
+        "integration registers them on the registry vLLM's `/metrics` serves; the simulator "
+        "reports through the same catalogue. Names follow "
         "[ADR-0009](../adr/0009-metrics-naming.md): a `meridian_` prefix, base units (seconds, "
         "bytes) in the name, `_total` on counters. Every label value is initialised at start-up, "
         "so each series exists (at 0) before the first event.",

@@ -58,7 +58,7 @@ def test_pushed_mutable_buffers_are_copied() -> None:
 def test_full_pool_raises_a_clear_error_and_stores_nothing() -> None:
     fabric = InProcessFabric(capacity_bytes=10)
     handle = fabric.push(b"123456")
-    with pytest.raises(PoolFull, match=r"KV pool full: .* holds 6 of 10 bytes.* 5 more"):
+    with pytest.raises(PoolFull, match=r"fabric full: .* holds 6 of 10 bytes.* 5 more"):
         fabric.push(b"12345")
     assert fabric.num_stored == 1
     fabric.push(b"1234")  # exactly fills it

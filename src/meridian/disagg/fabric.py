@@ -137,7 +137,7 @@ class InProcessFabric:
                 and self._used_bytes + len(stored) > self._capacity_bytes
             ):
                 raise PoolFull(
-                    f"KV pool full: fabric {self.label} holds {self._used_bytes} of "
+                    f"fabric full: {self.label} holds {self._used_bytes} of "
                     f"{self._capacity_bytes} bytes and cannot store {len(stored)} more; discard "
                     f"frames that were ingested or give the pool more capacity"
                 )

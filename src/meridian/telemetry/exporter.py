@@ -1,6 +1,6 @@
 """A standalone ``/metrics`` endpoint for processes that are not a vLLM server.
 
-The KV pool, the simulator and tests serve :class:`MeridianMetrics` with
+A replayed simulator run and tests serve :class:`MeridianMetrics` with
 ``prometheus_client``'s own WSGI server on a daemon thread. Inside vLLM there is no need for
 it: the metrics live on the global registry and vLLM's ``/metrics`` serves them.
 
