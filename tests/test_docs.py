@@ -26,8 +26,8 @@ MKDOCS_YML = REPO / "mkdocs.yml"
 CONFIG_PAGE = DOCS / "reference" / "configuration.md"
 METRICS_PAGE = DOCS / "reference" / "metrics.md"
 # Identifiers that look like metric names but are request knobs (SamplingParams.extra_args).
-# Names in the docs that are not metrics: request knobs, scheduler attributes, and the prefix of
-# the retired disaggregation metrics (ADR-0014).
+# Names in the docs that are not metrics: request knobs, scheduler attributes, the scheduler's
+# kv_transfer_params key, and the prefix of the retired disaggregation metrics (ADR-0014).
 NOT_METRICS = frozenset(
     {
         "meridian_disagg_",
@@ -38,6 +38,7 @@ NOT_METRICS = frozenset(
         "meridian_stats",
         "meridian_overhead",
         "meridian_metrics",
+        "meridian_prompt_tokens",
     }
 )
 
