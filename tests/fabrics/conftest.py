@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
-from fabric_support import TargetProcess, running_targets
+from fabric_support import StartTarget, TargetProcess, running_targets
 
 from meridian.disagg.transport import ProducerPlane, make_producer_plane
-
-StartTarget = Callable[[str], TargetProcess]
 
 
 @pytest.fixture

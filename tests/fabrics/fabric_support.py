@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,12 @@ class TargetProcess:
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(f"hex {offset} {num_bytes}\n")
         proc.stdin.flush()
-        return bytes.fromhex(proc.stdout.readline().strip())
+        while True:  # the libraries log to the same pipe: skip their lines
+            raw = proc.stdout.readline()
+            assert raw, "the target exited"
+            line = raw.strip()
+            if len(line) == 2 * num_bytes and all(c in "0123456789abcdef" for c in line):
+                return bytes.fromhex(line)
 
     def signal(self, signum: signal.Signals) -> None:
         assert self._proc is not None
@@ -84,6 +89,9 @@ class TargetProcess:
             self._proc.send_signal(signal.SIGCONT)  # a stopped process cannot be reaped
             self._proc.send_signal(signal.SIGKILL)
             self._proc.wait(10)
+
+
+StartTarget = Callable[[str], TargetProcess]
 
 
 @contextmanager

@@ -10,8 +10,7 @@ import signal
 import time
 
 import pytest
-from conftest import StartTarget
-from fabric_support import FABRICS, TA, TC, deadline, kv_block
+from fabric_support import FABRICS, TA, TC, StartTarget, deadline, kv_block
 
 from meridian.disagg.fabric import FabricError
 from meridian.disagg.transport import ProducerPlane

@@ -9,8 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import StartTarget
-from fabric_support import BLOCK_BYTES, BLOCK_SHAPE, FABRICS, OC, TA, TC, deadline, kv_block
+from fabric_support import (
+    BLOCK_BYTES,
+    BLOCK_SHAPE,
+    FABRICS,
+    OC,
+    TA,
+    TC,
+    StartTarget,
+    deadline,
+    kv_block,
+)
 
 from meridian.core.types import Tier
 from meridian.disagg.fabric import FabricUnavailable
