@@ -134,6 +134,7 @@ def test_trace_round_trip_through_the_cli(tmp_path: Path) -> None:
         (["--async-scheduling", "on"], "--engine model models synchronous scheduling only"),
         (["--workload", "nosuch"], "--workload: 'nosuch' is neither a bundled workload"),
         (["--seed", "-2"], "--seed must be >= 0"),
+        (["--kv-offload-gib", "4"], "--kv-offload-gib drives vLLM's OffloadingConnector"),
     ],
 )
 def test_bad_flags_are_one_line_errors(

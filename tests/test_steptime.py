@@ -235,6 +235,7 @@ mfu = 1.5
 bandwidth_efficiency = 0.8
 step_overhead_ns = 0
 per_request_overhead_ns = 0
+host_link_bandwidth = 1e9
 source = ""
 """
 

@@ -130,11 +130,11 @@ def engine(tiny_model: Path) -> Iterator[EngineFactory]:
 
 @contextmanager
 def meridian_server(
-    model: Path, work: Path, config: str, extra: Sequence[str] = ()
+    model: Path, work: Path, config: str, extra: Sequence[str] = (), kv_bytes: int = 64 << 20
 ) -> Iterator[str]:
     """``meridian serve MODEL`` exactly as a user runs it (vLLM arguments pass through), on
-    127.0.0.1, with ``config`` as its meridian.toml; yields the base URL and stops the server's
-    whole process group on exit. The log is ``work/server.log``."""
+    127.0.0.1, with ``config`` as its meridian.toml and ``kv_bytes`` of KV cache; yields the base
+    URL and stops the server's whole process group on exit. The log is ``work/server.log``."""
     from meridian.bench.abreal import free_port, wait_healthy
 
     (work / "meridian.toml").write_text(config, encoding="utf-8")
@@ -143,7 +143,7 @@ def meridian_server(
     argv = [sys.executable, "-m", "meridian", "serve", str(model),
             "--config", str(work / "meridian.toml"), *extra,
             "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
-            "--kv-cache-memory-bytes", str(64 << 20), "--enforce-eager", "--seed", "0"]  # fmt: skip
+            "--kv-cache-memory-bytes", str(kv_bytes), "--enforce-eager", "--seed", "0"]  # fmt: skip
     environ = {
         **os.environ,
         "PROMETHEUS_MULTIPROC_DIR": str(work / "prom"),

@@ -105,3 +105,29 @@ def test_reasoning_first_policy_evicts_finished_requests_generated_blocks_first(
     plain = _filled(ReasoningFirstPolicy, [b, a])
     _finish(plain, a, prompt_tokens=None)
     assert [k for k, _ in plain.evict(3, set())] == b and plain.num_demoted == 0
+
+
+def test_served_offload_answers_right_under_kv_pressure(tmp_path: Path) -> None:
+    """``meridian serve --kv-offload-gib`` as a user runs it (engine core and worker in their own
+    processes): 40 reasoning requests at once on a 122-block KV cache are preempted, reload
+    their KV from the host tier, and answer as with room to spare; the server keeps serving."""
+    import httpx
+    from conftest import bench_accuracy, meridian_server, metric_value
+
+    from meridian.bench.reasoner_task import problems, write_dataset
+
+    model = ROOT / "models" / "sum-reasoner"
+    dataset = write_dataset(tmp_path / "sum.jsonl", problems(PROBLEMS, seed=777, min_steps=20))
+    extra = ["--kv-offload-gib", "0.25", "--block-size", "32"]
+    with meridian_server(model, tmp_path, "", extra, kv_bytes=2930 << 10) as url:
+        rows, _ = bench_accuracy(url, model, dataset, "none", 400, tmp_path / "out",
+                                 ["--concurrency", str(PROBLEMS)])  # fmt: skip
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 200
+    assert rows["none"]["failed"] == 0
+    assert rows["none"]["correct"] == PROBLEMS  # as with 64 MiB of KV (test_trained_reasoner)
+    assert metric_value(text, "meridian_preemptions_total", 'phase="think"') > 0
+    stored = metric_value(text, "vllm:kv_offload_total_bytes_total", 'transfer_type="GPU_to_CPU"')
+    loaded = metric_value(text, "vllm:kv_offload_total_bytes_total", 'transfer_type="CPU_to_GPU"')
+    print(f"host tier: {stored / 1e6:.2f} MB stored, {loaded / 1e6:.2f} MB loaded")
+    assert stored > 0 and loaded > 0

@@ -144,6 +144,37 @@ def test_headroom_admission_through_vllms_scheduler_cuts_preemption_and_recomput
     assert held.num_recomputed_tokens < unheld.num_recomputed_tokens
 
 
+def test_offload_through_vllms_connector_reloads_preempted_kv_instead_of_recomputing() -> None:
+    # vLLM's OffloadingConnector as `meridian serve --kv-offload-gib` configures it, its worker
+    # modelled as copies over an H100's host link (meridian.sim.offload.HostLink).
+    spec = dataclasses.replace(SMALL, duration_s=5.0)
+    requests = load_requests(spec, spec.arrival_rate)
+    streams = StreamSet(requests, spec.config)
+    base = dataclasses.replace(squeezed(spec, 1200), host_link_bytes_per_s=51.2e9)
+    for policy in ("vllm-fcfs", "meridian-sched"):  # forcing off on both sides
+        runs = {
+            blocks: run_policy(spec, parse_policy(policy), streams,
+                               engine_config=dataclasses.replace(base, kv_offload_blocks=blocks))
+            for blocks in (0, 100_000, 20)
+        }  # fmt: skip
+        for result in runs.values():
+            assert all(r.finished for r in result.records), policy
+        off, on, tiny = (runs[b].counters for b in (0, 100_000, 20))
+        print(
+            f"{policy}: preemptions {off.preemptions_by_phase} / {on.preemptions_by_phase}; "
+            f"recomputed {off.num_recomputed_tokens} -> {on.num_recomputed_tokens} "
+            f"(tier of 20 blocks: {tiny.num_recomputed_tokens}); reloaded blocks "
+            f"{on.num_offload_loaded_blocks}, stored {on.num_offload_stored_blocks}"
+        )
+        assert sum(off.preemptions_by_phase.values()) > 0, "no pressure: nothing checked"
+        assert off.num_offload_loaded_blocks == off.num_offload_stored_blocks == 0
+        # A preempted request's KV comes back over the link instead of being computed again.
+        assert on.num_offload_loaded_blocks > 0
+        assert on.num_recomputed_tokens <= 0.05 * off.num_recomputed_tokens, policy
+        # A tier of 20 blocks keeps almost nothing until re-admission: vLLM recomputes.
+        assert tiny.num_recomputed_tokens >= 0.9 * off.num_recomputed_tokens, policy
+
+
 def _workload(seed: int, n: int) -> list[RequestSpec]:
     rng = np.random.default_rng(seed)
     specs, t = [], 0

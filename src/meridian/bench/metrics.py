@@ -214,6 +214,10 @@ class PolicySummary(_Model):
     num_scheduled_tokens: int = Field(
         default=0, description="Every token the engine computed (its work), recompute included."
     )
+    num_offload_loaded_blocks: int = Field(
+        default=0,
+        description="KV blocks loaded back from the host tier instead of recomputed (offload).",
+    )
     answer_accuracy_pct: Sig6 | None = Field(
         default=None,
         description=(
@@ -453,6 +457,7 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
         ),
         num_recomputed_tokens=counters.num_recomputed_tokens,
         num_scheduled_tokens=counters.num_scheduled_tokens,
+        num_offload_loaded_blocks=counters.num_offload_loaded_blocks,
         answer_accuracy_pct=_pct(sum(verdicts), len(verdicts)),
         worst_answer_gap_steps=worst_answer_gap_steps(records),
         throughput_tok_s=None if rate_window_s is None else generated / rate_window_s,

@@ -345,6 +345,7 @@ _SUMMARY_ROWS: tuple[tuple[str, str, float, _Reader], ...] = (
     ("preemptions (output)", "count", 1.0, lambda s: s.preemptions.output),
     ("recomputed tokens", "tokens", 1.0, lambda s: s.num_recomputed_tokens),
     ("computed tokens (work)", "tokens", 1.0, lambda s: s.num_scheduled_tokens),
+    ("KV blocks reloaded (offload)", "blocks", 1.0, lambda s: s.num_offload_loaded_blocks),
     ("worst answer gap", "steps", 1.0, lambda s: s.worst_answer_gap_steps),
     ("throughput", "tokens/s", 1.0, lambda s: s.throughput_tok_s),
     ("goodput", "requests/s", 1.0, lambda s: s.goodput_req_s),

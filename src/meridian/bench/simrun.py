@@ -68,11 +68,16 @@ class SimRunSpec:
     async_scheduling: bool | None = None
     enable_prefix_caching: bool = True
     step_time_csv: Path | None = None
+    kv_offload_gib: float | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise MeridianError(
                 f"--engine must be one of {', '.join(ENGINES)}; got {self.engine!r}"
+            )
+        if self.kv_offload_gib is not None and self.engine != "vllm":
+            raise MeridianError(
+                "--kv-offload-gib drives vLLM's OffloadingConnector: it needs --engine vllm"
             )
         if self.engine == "model" and self.async_scheduling:
             raise MeridianError(
@@ -140,6 +145,16 @@ def engine_config_for(spec: SimRunSpec) -> EngineConfig:
             f"kv_memory.block_size_tokens ({kv.block_size_tokens}) tokens of {model.name} "
             f"({block_bytes} bytes each)"
         )
+    offload_blocks = 0
+    if spec.kv_offload_gib is not None:
+        offload_blocks = int(spec.kv_offload_gib * 2**30) // block_bytes
+        if offload_blocks < 1:
+            raise ConfigError(
+                f"--kv-offload-gib {spec.kv_offload_gib} holds no KV block of {model.name} "
+                f"({block_bytes} bytes each)"
+            )
+        if hw.host_link_bandwidth <= 0:
+            raise ConfigError(f"hardware.{hw.name}.host_link_bandwidth is unknown: no offload")
     return EngineConfig(
         num_kv_blocks=num_blocks,
         block_size_tokens=kv.block_size_tokens,
@@ -148,6 +163,8 @@ def engine_config_for(spec: SimRunSpec) -> EngineConfig:
         max_num_seqs=spec.max_num_seqs or defaults.max_num_seqs,
         enable_prefix_caching=spec.enable_prefix_caching,
         async_scheduling=spec.effective_async,
+        kv_offload_blocks=offload_blocks,
+        host_link_bytes_per_s=hw.host_link_bandwidth * hw.bandwidth_efficiency,
     )
 
 
@@ -232,6 +249,8 @@ def run_policy(
             itl_ns,
             on_progress=on_progress,
         ).run(chosen)
+    if engine_config.kv_offload_blocks:
+        raise MeridianError("--kv-offload-gib drives vLLM's OffloadingConnector: --engine vllm")
     sim_policy = make_sim_policy(policy, spec.config, itl_ns)
     sync = replace(engine_config, async_scheduling=False)
     return Engine(sync, step_model, sim_policy, on_progress=on_progress).run(chosen)

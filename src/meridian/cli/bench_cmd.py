@@ -31,6 +31,7 @@ from meridian.cli.common import (
     check_args,
     make_console,
     make_progress,
+    positive_gib,
     print_summary,
     require_vllm,
     run_spec,
@@ -193,6 +194,14 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, policies: str, out_dir:
         "--no-prefix-caching",
         action="store_true",
         help="turn vLLM's prefix caching off (on by default)",
+    )
+    parser.add_argument(
+        "--kv-offload-gib",
+        type=positive_gib,
+        metavar="N",
+        help="--engine vllm: a host tier of N GiB behind vLLM's OffloadingConnector, as meridian "
+        "serve --kv-offload-gib sets it up; preempted KV is reloaded over the hardware's host "
+        "link instead of recomputed (default: off)",
     )
 
 

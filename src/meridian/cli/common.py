@@ -125,6 +125,17 @@ def require_vllm(engine: str) -> None:
 ASYNC_SCHEDULING = {"auto": None, "on": True, "off": False}
 
 
+def positive_gib(text: str) -> float:
+    """An argparse type: a positive number of GiB (below 2**20)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
+    if not (value > 0 and value < 1 << 20):
+        raise argparse.ArgumentTypeError(f"must be a positive number of GiB below 2**20: {text!r}")
+    return value
+
+
 def run_spec(args: argparse.Namespace, config: Any, **fields: Any) -> SimRunSpec:
     """The run the shared workload and engine arguments describe (``_add_engine_args``)."""
     return SimRunSpec(
@@ -138,6 +149,7 @@ def run_spec(args: argparse.Namespace, config: Any, **fields: Any) -> SimRunSpec
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         enable_prefix_caching=not args.no_prefix_caching,
+        kv_offload_gib=args.kv_offload_gib,
         **fields,
     )
 

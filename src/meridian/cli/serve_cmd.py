@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from meridian.cli.common import positive_gib
 from meridian.config import load_config
 from meridian.errors import MeridianError
 
@@ -42,23 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kv-offload-gib",
-        type=_positive_gib,
+        type=positive_gib,
         metavar="N",
         help="store KV to up to N GiB of host memory through vLLM's OffloadingConnector, so a "
         "preempted request's KV (its reasoning included) is loaded back instead of recomputed "
         "(default: off)",
     )
     return parser
-
-
-def _positive_gib(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of GiB: {text!r}") from None
-    if not (value > 0 and value < 1 << 20):
-        raise argparse.ArgumentTypeError(f"must be a positive number of GiB below 2**20: {text!r}")
-    return value
 
 
 def main(argv: Sequence[str]) -> int:

@@ -57,7 +57,9 @@ class SimulationError(MeridianError):
 class EngineConfig:
     """The engine's shape: vLLM's ``max_num_batched_tokens``, ``max_num_seqs``, KV cache and
     block size, and whether prefix caching is on (vLLM's default) and scheduling asynchronous
-    (the vLLM engine honours it; the fast engine models the synchronous loop)."""
+    (the vLLM engine honours it; the fast engine models the synchronous loop). ``kv_offload_
+    blocks`` is a host tier for vLLM's ``OffloadingConnector`` (0: off; the vLLM engine only),
+    reached over a link of ``host_link_bytes_per_s``."""
 
     num_kv_blocks: int
     block_size_tokens: int = 16
@@ -66,6 +68,8 @@ class EngineConfig:
     max_num_seqs: int = 256
     enable_prefix_caching: bool = True
     async_scheduling: bool = False
+    kv_offload_blocks: int = 0
+    host_link_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in (

@@ -125,13 +125,16 @@ class TimeSample:
 @dataclass(slots=True)
 class RunCounters:
     """Run-wide counters. ``num_scheduled_tokens`` is every token computed (the engine's work);
-    ``num_recomputed_tokens`` the part of it computed again after preemptions."""
+    ``num_recomputed_tokens`` the part of it computed again after preemptions; the offload
+    counters are KV blocks copied to and from the host tier (``--kv-offload-gib``)."""
 
     num_steps: int = 0
     num_scheduled_rows: int = 0
     num_scheduled_tokens: int = 0
     preemptions_by_phase: dict[Phase, int] = field(default_factory=dict)
     num_recomputed_tokens: int = 0
+    num_offload_stored_blocks: int = 0
+    num_offload_loaded_blocks: int = 0
 
     def on_preempt(self, phase: Phase) -> None:
         self.preemptions_by_phase[phase] = self.preemptions_by_phase.get(phase, 0) + 1

@@ -152,6 +152,8 @@ class HardwareSpec:
     peaks a serving engine reaches; ``step_overhead_ns`` is the fixed host-side cost of a step
     (scheduling, input preparation, kernel launches) and ``per_request_overhead_ns`` the part that
     grows with the number of requests (per-row bookkeeping, sampling, output processing).
+    ``host_link_bandwidth`` is the host link's datasheet bytes/s in one direction (KV offload
+    copies over it, at ``bandwidth_efficiency`` of it); 0 where unknown.
     """
 
     name: str
@@ -162,6 +164,7 @@ class HardwareSpec:
     bandwidth_efficiency: float
     step_overhead_ns: int
     per_request_overhead_ns: int
+    host_link_bandwidth: float = 0.0
     source: str = ""
 
     def __post_init__(self) -> None:

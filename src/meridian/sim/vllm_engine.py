@@ -16,8 +16,11 @@ scheduler learns step ``k``'s tokens one step late and may schedule one step pas
 EOS: the runner returns a throw-away token for such a row, which vLLM drops).
 
 Virtual time: a step runs on the (virtual) device for the step model's time of its batch; steps
-run back to back; a token reaches the user when its step ends. Arrivals join the scheduler when
-the engine core would next see them (before the next ``schedule()`` call).
+run back to back; a token reaches the user when its step ends. With ``kv_offload_blocks`` the
+scheduler has vLLM's real ``OffloadingConnector`` (as ``meridian serve --kv-offload-gib`` sets it
+up) and :class:`~meridian.sim.offload.HostLink` models its worker: copies over the host link,
+loads that hold their request back, flushes that hold the step back. Arrivals join the
+scheduler when the engine core would next see them (before the next ``schedule()`` call).
 
 This module imports vLLM and is used from the vLLM environment (``.venv-vllm``).
 """
@@ -25,6 +28,7 @@ This module imports vLLM and is used from the vLLM environment (``.venv-vllm``).
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from bisect import bisect_right
 from collections import deque
@@ -34,13 +38,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.utils.math_utils import round_up
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -48,16 +61,19 @@ from vllm.v1.structured_output import StructuredOutputManager
 from meridian.config.schema import MeridianConfig
 from meridian.core.types import Phase
 from meridian.sim.engine import EngineConfig, SimulationError
+from meridian.sim.offload import HostLink
 from meridian.sim.policies import PascalPolicy, PolicySpec, SchedulerKind
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
 from meridian.sim.steptime import BatchShape, StepTimeModel
 from meridian.sim.streams import EOS_ID, SIM_MODEL, Stream
 from meridian.vllm.runtime import MeridianRuntime
 from meridian.vllm.scheduler import MeridianAsyncScheduler, MeridianScheduler
+from meridian.vllm.serve import kv_offload_transfer_config
 
 ENGINE_NAME = "vllm"
 # The model directory's context limit: longer than any simulated request.
 MAX_MODEL_LEN = 131072
+OFFLOAD_SCHEDULER_LOGGER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 # Consecutive steps that schedule nothing, with nothing else to wait for: a deadlock.
 MAX_EMPTY_STEPS = 1000
 
@@ -120,11 +136,20 @@ def build_vllm_config(config: EngineConfig, model_dir: Path, *, priority: bool) 
     cache = CacheConfig(
         block_size=config.block_size_tokens, enable_prefix_caching=config.enable_prefix_caching
     )
+    transfer = None
+    if config.kv_offload_blocks:
+        # The host tier holds kv_offload_blocks of the scheduler's blocks (their bytes here are
+        # the placeholder spec's; the link's copies are timed with the modelled model's).
+        chunk = round_up(_kv_spec(config).page_size_bytes, CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
+        transfer = KVTransferConfig(
+            **kv_offload_transfer_config(config.kv_offload_blocks * chunk, cpu_build=False)
+        )
     vllm_config = VllmConfig(
         model_config=model,
         scheduler_config=scheduler,
         cache_config=cache,
         device_config=DeviceConfig(device="cpu"),
+        kv_transfer_config=transfer,
     )
     vllm_config.cache_config.num_gpu_blocks = config.num_kv_blocks
     return vllm_config
@@ -133,13 +158,16 @@ def build_vllm_config(config: EngineConfig, model_dir: Path, *, priority: bool) 
 def kv_cache_config(config: EngineConfig) -> KVCacheConfig:
     """One full-attention group of ``num_kv_blocks`` blocks (the scheduler never touches the
     tensors, so none are described)."""
-    spec = FullAttentionSpec(
-        block_size=config.block_size_tokens, num_kv_heads=8, head_size=128, dtype=torch.bfloat16
-    )
     return KVCacheConfig(
         num_blocks=config.num_kv_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], _kv_spec(config))],
+    )
+
+
+def _kv_spec(config: EngineConfig) -> FullAttentionSpec:
+    return FullAttentionSpec(
+        block_size=config.block_size_tokens, num_kv_heads=8, head_size=128, dtype=torch.bfloat16
     )
 
 
@@ -182,9 +210,17 @@ class VllmEngine:
     _live: dict[str, _Live] = field(default_factory=dict)
     _num_finished: int = 0
     _num_steps: int = 0
+    _link: HostLink | None = None
 
     def run(self, streams: Sequence[Stream]) -> SimResult:
         """Serve every stream to completion."""
+        config = self.config
+        if config.kv_offload_blocks:
+            block_bytes = config.kv_bytes_per_token * config.block_size_tokens
+            self._link = HostLink(block_bytes, config.host_link_bytes_per_s)
+            # A full host tier is a state the simulator explores, not news: vLLM warns once per
+            # request and step that cannot store ("cannot store chunks").
+            logging.getLogger(OFFLOAD_SCHEDULER_LOGGER).setLevel(logging.ERROR)
         with tempfile.TemporaryDirectory(prefix="meridian-vllm-") as tmp:
             scheduler = self._scheduler(model_directory(Path(tmp)))
             hasher = None
@@ -195,6 +231,9 @@ class VllmEngine:
                 init_none_hash(hash_fn)
                 hasher = get_request_block_hasher(self.config.block_size_tokens, hash_fn)
             records = self._drive(scheduler, streams, hasher)
+        if self._link is not None:
+            self.counters.num_offload_stored_blocks = self._link.counters.num_stored_blocks
+            self.counters.num_offload_loaded_blocks = self._link.counters.num_loaded_blocks
         paced = self.spec.scheduler is SchedulerKind.PASCAL
         return SimResult.of_run(
             policy=self.spec.name,
@@ -299,6 +338,9 @@ class VllmEngine:
         self.now_ns = start_ns
         output = scheduler.schedule()
         self.now_ns = max(now_before, self.now_ns)
+        link = self._link
+        if link is not None:  # the step waits for the stores it must flush
+            start_ns = link.start_step(output.kv_connector_metadata, start_ns)
         for rid in output.preempted_req_ids:
             request = scheduler.requests.get(rid)
             live = self._live[rid]
@@ -336,11 +378,6 @@ class VllmEngine:
                 live.generated += 1
                 sampled.append([token])
                 tokens.append((live, token))
-        runner_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
         duration = 1
         if req_ids:
             shape = BatchShape(num_prefill, num_decode, kv_read, len(req_ids))
@@ -348,6 +385,14 @@ class VllmEngine:
             self.counters.num_steps += 1
             self.counters.num_scheduled_rows += len(req_ids)
             self.counters.num_scheduled_tokens += output.total_num_scheduled_tokens
+        elif link is not None and (finish_ns := link.next_finish_ns()) is not None:
+            duration = max(1, finish_ns - start_ns)  # nothing to run until a copy ends
+        runner_output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=None if link is None else link.end_step(start_ns + duration),
+        )
         step = _Step(output, runner_output, tokens, start_ns + duration, self._num_steps)
         if req_ids:
             self._num_steps += 1

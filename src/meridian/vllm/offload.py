@@ -181,6 +181,7 @@ class ReasoningFirstPolicy(LRUCachePolicy):
     """
 
     _DEAD_BASE = -(1 << 62)  # below every LRU rank (those count up from 1)
+    _ranks: dict[OffloadKey, Any]
 
     def __init__(self, cache_capacity: int) -> None:
         super().__init__(cache_capacity)
@@ -207,7 +208,9 @@ class ReasoningFirstPolicy(LRUCachePolicy):
             end = req_context.get_offload_key_position(key)
             if end is not None and end > prompt_tokens and key in self.chunks:
                 self._num_dead += 1
-                self._ranks[key] = self._DEAD_BASE + self._num_dead
+                rank = self._DEAD_BASE + self._num_dead
+                # vLLM 0.33 ranks are (rank, position) pairs; 0.32's plain ints.
+                self._ranks[key] = (rank, 0) if isinstance(self._ranks[key], tuple) else rank
                 if key in self._evictable:
                     self._push_evictable(key)
         self._maybe_compact_heap()
