@@ -124,12 +124,18 @@ ADVICE: dict[str, str] = {
     # [entropy]
     "entropy.enabled": (
         "Turn off to compare against hard-cap-only forcing, or for models whose entropy you have "
-        "not validated; the budget-forces metric then shows only `hard_cap`."
+        "not validated; the budget-forces metric then shows only `hard_cap`. The `[entropy]` "
+        "defaults are design assumptions, not measured on a real reasoner: on the small trained "
+        "one they never fire, and every setting that fires there costs accuracy ([Benchmarks]"
+        "(../benchmarks.md#entropy-thresholds-on-the-trained-reasoner)). Measure your model with "
+        "that harness (a GPU and a labelled set) before relying on them."
     ),
     "entropy.ema_alpha": (
         "Smaller is smoother and slower to converge (fewer, later forces); larger reacts faster "
         "but fires more on noise. Change it together with `eat_min_distance` (default "
-        "ceil(2 / alpha)) and validate the premature-force rate in the simulator."
+        "ceil(2 / alpha)) and measure accuracy against think tokens with `meridian bench "
+        "accuracy` on your model (the simulator's premature-force rate rests on an assumed "
+        "entropy model)."
     ),
     "entropy.rpdi_threshold": (
         "Lower (2-2.5) to cut overthinking earlier, at the risk of cutting productive "
@@ -139,8 +145,9 @@ ADVICE: dict[str, str] = {
     ),
     "entropy.eat_ema_variance_threshold": (
         "The main convergence lever: raise it (e.g. 0.002) to force earlier and save more think "
-        "tokens, lower it to be conservative. Check every change against the premature-force "
-        "rate of `meridian bench sim --workload math500`."
+        "tokens, lower it to be conservative. Check every change with `meridian bench accuracy` on "
+        "a labelled set of your model (`meridian bench sim --workload math500` shows the "
+        "premature-force rate only under an assumed entropy model)."
     ),
     "entropy.transition_entropy_threshold": (
         "Set it above the entropy of ordinary tokens of your model (typically 2-3 nats); too low "

@@ -84,6 +84,27 @@ This is a model, not a measurement: that the in-stream interval mean is this ste
 answer settles is exactly the assumption Meridian's stream proxy rests on (real per-token entropy
 is noisier; the EAT paper's after-``</think>`` probe is the measured signal). Every parameter is
 in the data file, so a pessimistic variant can be run.
+
+Which parameters are assumptions: all of them. None is fitted to a measured trace. The one model
+that reasons on this machine, ``models/sum-reasoner`` (722 k parameters, character-level, a
+deterministic running-sum task), was recorded for it (``benchmarks/bench_reasoner_traces.py``, 100
+chains of 21 to 301 think tokens, exact entropy over its 512-entry vocabulary) and does not fit:
+
+* level (``post_level_*``, ``pre_drop_*``): 0.00065 nats per token (P99 0.0024, max 0.09) against
+  the model's 0.52 at the same lengths;
+* wander (``pre_wander_std``, ``post_wander_std``, ``token_noise_rel``): consecutive 32-token
+  interval means differ by 0.00026 nats (std) against 0.040;
+* transitions (``transition_*``): no token of 16,530 above 2.5 nats, against 0.22 % from this
+  model at the same lengths;
+* settle point (``settle_*``, ``calm_tokens``, ``fade_tokens``, ``exploration_*``): the task's
+  answer is the last step's value, so it settles at the end of the chain (fraction 1.0), and the
+  after-``</think>`` answer entropy is about 0.001 nats whether the cut answer is right or wrong;
+* overthinking episodes (``overthinking_fraction``, ``episode*``): the model never overthinks.
+
+Fitted to that, every simulated chain would be certain, settled only at its end, and stopped by
+EAT as soon as ``eat_min_distance`` allows: a toy trained to certainty, not a long-chain LLM. A
+model with real hesitation (a distilled reasoner on a GPU, with a labelled set) is what the same
+script and ``bench.entropy_traces`` should be run on before any parameter here is fitted.
 """
 
 from __future__ import annotations
