@@ -445,6 +445,10 @@ def test_serve_kv_offload_wires_vllms_offloading_connector(
     # The host tier evicts finished requests' generated blocks first, on both builds.
     policy = (extra["eviction_policy"], extra["cache_policy_module_path"])
     assert policy == ("ReasoningFirstPolicy", "meridian.vllm.offload")
+    lru = serve.kv_offload_transfer_config(1 << 30, cpu_build=cpu_build, eviction="lru")
+    lru_extra = lru["kv_connector_extra_config"]
+    assert isinstance(lru_extra, dict) and lru_extra["eviction_policy"] == "lru"
+    assert "cache_policy_module_path" not in lru_extra
     # vLLM's own spec refuses the CPU platform; Meridian's host-memory spec stands in there.
     if cpu_build:
         assert (extra["spec_name"], extra["spec_module_path"]) == serve.HOST_OFFLOAD_SPEC

@@ -59,7 +59,8 @@ class EngineConfig:
     block size, and whether prefix caching is on (vLLM's default) and scheduling asynchronous
     (the vLLM engine honours it; the fast engine models the synchronous loop). ``kv_offload_
     blocks`` is a host tier for vLLM's ``OffloadingConnector`` (0: off; the vLLM engine only),
-    reached over a link of ``host_link_bytes_per_s``."""
+    reached over a link of ``host_link_bytes_per_s``, evicting in ``kv_offload_eviction``'s
+    order (``meridian.vllm.serve.HOST_EVICTION_POLICIES``)."""
 
     num_kv_blocks: int
     block_size_tokens: int = 16
@@ -70,6 +71,7 @@ class EngineConfig:
     async_scheduling: bool = False
     kv_offload_blocks: int = 0
     host_link_bytes_per_s: float = 0.0
+    kv_offload_eviction: str = "reasoning-first"
 
     def __post_init__(self) -> None:
         for name in (

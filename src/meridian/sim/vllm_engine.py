@@ -142,7 +142,11 @@ def build_vllm_config(config: EngineConfig, model_dir: Path, *, priority: bool) 
         # the placeholder spec's; the link's copies are timed with the modelled model's).
         chunk = round_up(_kv_spec(config).page_size_bytes, CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT)
         transfer = KVTransferConfig(
-            **kv_offload_transfer_config(config.kv_offload_blocks * chunk, cpu_build=False)
+            **kv_offload_transfer_config(
+                config.kv_offload_blocks * chunk,
+                cpu_build=False,
+                eviction=config.kv_offload_eviction,
+            )
         )
     vllm_config = VllmConfig(
         model_config=model,

