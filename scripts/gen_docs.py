@@ -95,8 +95,9 @@ ADVICE: dict[str, str] = {
         "0 turns deferral off. $MERIDIAN_OUTPUT_BUDGET_ROWS overrides it."
     ),
     "scheduler.admission": (
-        'Leave "headroom": it holds nothing until 32 requests have finished (it learns their '
-        "lengths), then admits only what the cache is expected to hold at the running set's "
+        'Leave "headroom": until 32 requests have finished (it learns their lengths) it admits '
+        "by the requests' own bounds, prompt plus max_tokens, when they are tight (otherwise it "
+        "holds nothing), then only what the cache is expected to hold at the running set's "
         "peak, keeping 5 % in reserve. Under overload that turns preemption and recompute into "
         'queueing (docs/adr/0013). "vllm" restores stock admission, e.g. when request lengths '
         "swing so fast that the last 1,024 finished requests say little about the next ones."

@@ -42,10 +42,15 @@ class FakeRequest:
     prompt: list[int]
     output: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    max_tokens: int = 1 << 20  # a client that sets no useful limit
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt)
 
     def emit(self, policy: MeridianPolicy, token: int, step: int) -> None:
         """One decode step: the token is computed next step, as in vLLM."""
@@ -521,6 +526,43 @@ def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for(
     assert policy.admissions([r], waiting, 400) == 5
     assert policy.stats.num_admissions_held == 2
     assert make_policy(admission="vllm").admissions([], waiting, 40) is None
+
+
+def test_bounds_admit_before_the_length_model_and_never_overcommit() -> None:
+    # Nothing has finished. Each request may reach 3 + 13 = 16 tokens: run to their bounds
+    # together, n of them peak at (16 n) / 4 + n partly filled blocks = 5 n, and 64 blocks hold
+    # 12. The rest wait, and the running set can never outgrow the cache.
+    policy = make_policy(admission="headroom")  # block size 4
+    waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT, max_tokens=13) for i in range(40)]
+    assert policy.admissions([], waiting, 64) == 12
+    assert policy.stats.num_bounded_holds == policy.stats.num_admissions_held == 1
+    assert policy.admissions(waiting[:10], waiting[10:], 64) == 2
+    assert policy.admissions(waiting[:12], waiting[12:], 64) == 0
+    # Requests further along end sooner: 8 that have generated 12 of their 13 tokens peak at
+    # the next step, 8 x 5 blocks, and then free them; 12 newcomers still fit beside them
+    # (40 + 12 x 2 blocks at that step, 12 x 5 at their own end), a 13th does not; three steps
+    # from their end they leave room for 9 (40 + 9 x 2.5 blocks).
+    ahead = [FakeRequest(f"a{i}", PLAIN_PROMPT, [9] * 12, max_tokens=13) for i in range(8)]
+    assert policy.admissions(ahead, waiting, 64) == 12
+    ahead = [FakeRequest(f"a{i}", PLAIN_PROMPT, [9] * 10, max_tokens=13) for i in range(8)]
+    assert policy.admissions(ahead, waiting, 64) == 9
+    # Once in use, bounds stay in use down to a cache of half the count (no switching back and
+    # forth near the threshold) ...
+    assert policy.admissions([], waiting, 32) == 6
+    assert policy.admissions([], waiting, 31) is None
+    # ... and a cache that holds fewer than MIN_BOUNDED_IN_CACHE of them does not start it.
+    assert policy.admissions([], waiting, 63) is None
+    loose = [FakeRequest(f"l{i}", PLAIN_PROMPT) for i in range(40)]  # no useful max_tokens
+    assert make_policy(admission="headroom").admissions([], loose, 64) is None
+    assert make_policy(admission="vllm").admissions([], waiting, 64) is None
+    # Finished requests 4x smaller than the bounds: too loose once lengths are known ...
+    policy = make_policy(admission="headroom")
+    _teach(policy, 4, 1)
+    assert policy.admissions([], waiting, 64) is None
+    # ... and as long as the bounds: they still decide in a cache too small for the projection.
+    policy = make_policy(admission="headroom")
+    _teach(policy, MIN_SAMPLES, 13)
+    assert policy.lengths.ready and policy.admissions([], waiting, 64) == 12
 
 
 def test_paced_answer_streams_skip_steps_but_keep_their_pace() -> None:

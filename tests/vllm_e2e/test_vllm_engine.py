@@ -183,6 +183,32 @@ def test_preemption_by_phase(engine: Any, chat_prompt: Prompt) -> None:
     timed("preemption by phase", start)
 
 
+def test_a_cold_burst_is_admitted_by_its_bounds(engine: Any, chat_prompt: Prompt) -> None:
+    """A burst before anything finished, every request telling its length (``max_tokens``,
+    ``ignore_eos``), all thinking the same 16 tokens: they answer and need blocks in lockstep.
+    Stock vLLM admits them all and preempts answer streams; Meridian admits what the requests'
+    bounds leave room for and preempts nobody. The same greedy tokens either way."""
+    start = time.perf_counter()
+    prompts = [chat_prompt(i) for i in range(40)]
+    params = [greedy(16 + 1 + 80, meridian_max_think_tokens=16) for _ in prompts]
+    outputs: dict[str, list[list[int]]] = {}
+    stats: dict[str, Any] = {}
+    for name, variant in (("stock", "shadow"), ("meridian", True)):
+        with engine(meridian=variant, kv_cache_memory_bytes=2 << 20, block_size=32) as llm:
+            outputs[name] = token_ids(llm.generate(prompts, params, use_tqdm=False))
+            scheduler = scheduler_of(llm)
+            stats[name] = scheduler.meridian_stats
+            print(f"{name}: {stats[name].snapshot()}, {scheduler.cache_config.num_gpu_blocks}")
+            assert scheduler.meridian_num_tracked == 0
+            assert scheduler.meridian_overhead.policy_errors == 0
+    assert stats["stock"].num_preemptions[Phase.OUTPUT] > 0, "the burst must overcommit stock"
+    assert stats["meridian"].num_bounded_holds > 0
+    assert sum(stats["meridian"].num_preemptions.values()) == 0
+    assert stats["meridian"].max_answer_gap_steps == 1
+    assert outputs["meridian"] == outputs["stock"]
+    timed("cold burst", start)
+
+
 def test_an_output_budget_defers_thinking_requests(
     engine: Any, chat_prompt: Prompt, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -133,7 +133,9 @@ class SchedulerConfig(_Section):
         "headroom",
         '"headroom": start a waiting request only while the running requests\' KV, grown as '
         "requests like them grew, still fits the cache (fewer preemptions and less recompute "
-        'under load); "vllm": vLLM\'s own admission (whenever the prompt fits).',
+        "under load); before requests have finished, and in small caches, while the requests' "
+        "own bounds (prompt plus max_tokens) fit, if the bounds are tight; "
+        '"vllm": vLLM\'s own admission (whenever the prompt fits).',
     )
     admission_reserve: ReserveFraction = _field(
         0.05,

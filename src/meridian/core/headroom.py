@@ -24,9 +24,15 @@ which overstates the peak (every request is counted whole until its mean end).
 
 The arithmetic is vectorised: requests fall into progress buckets (quantiles of the finished
 lengths), each bucket has one survival curve over a grid of future steps, and a projection is
-one small matrix product whatever the number of requests. Until enough requests have finished
-there is no projection, and admission is vLLM's own; so it is in a cache that holds few
-requests (:data:`MIN_REQUESTS_IN_CACHE`).
+one small matrix product whatever the number of requests.
+
+Until enough requests have finished there is no projection, and in a cache that holds few
+requests (:data:`MIN_REQUESTS_IN_CACHE`) it is too noisy to use. There each request's own limit
+bounds it: its prompt plus ``max_tokens`` (:func:`bounded_admissible`). Projecting every
+request to run to its bound before it frees its blocks is the worst case, so nothing admitted
+by it is ever short of KV; it is used while the bounds are tight enough not to starve the
+engine (:data:`MIN_BOUNDED_IN_CACHE`, :data:`MAX_BOUND_SLACK`); otherwise admission is vLLM's
+own.
 """
 
 from __future__ import annotations
@@ -40,11 +46,16 @@ import numpy.typing as npt
 
 __all__ = [
     "GRID_POINTS",
+    "MAX_BOUND_SLACK",
+    "MIN_BOUNDED_IN_CACHE",
     "MIN_REQUESTS_IN_CACHE",
     "MIN_SAMPLES",
     "Kind",
     "LengthModel",
     "admissible",
+    "bounded_admissible",
+    "bounded_peak",
+    "bounds_usable",
 ]
 
 # Finished requests the model needs before it projects anything.
@@ -56,6 +67,15 @@ MIN_SAMPLES = 32
 # H100 holds about 40 of the synthetic workload's requests, and headroom loses there; Qwen3-8B
 # about 300, and it wins. Two points: the threshold lies between them).
 MIN_REQUESTS_IN_CACHE = 128
+# Admission by each request's bound (prompt plus max_tokens) starts only in a cache that holds
+# at least this many of the requests' mean bound (looser bounds, such as a client that leaves
+# max_tokens at the model's length, would leave most of the cache idle) and, once requests have
+# finished, while the mean bound is at most MAX_BOUND_SLACK times their mean size. Once in use it
+# stops only at half the count or twice the slack: a mix of lengths near the threshold would
+# otherwise switch it on and off, and vLLM's admission in between overcommits what the bounds
+# had kept safe.
+MIN_BOUNDED_IN_CACHE = 16
+MAX_BOUND_SLACK = 2.0
 # The model keeps the most recent lengths (the mix of traffic drifts) ...
 MAX_SAMPLES = 1024
 # ... and rebuilds its curves after this many new ones.
@@ -267,3 +287,78 @@ def admissible(running: FloatArray, waiting: FloatArray, num_blocks: float) -> i
     if count == 0 and len(running) == 0 and len(waiting):
         return 1
     return count
+
+
+def bounded_peak(tokens: IntArray, bounds: IntArray, block_size: int) -> float:
+    """The most KV blocks requests holding ``tokens`` now can ever hold together, if each gains
+    a token a step and runs to its ``bounds`` (prompt plus ``max_tokens``) before it frees its
+    blocks: a request that ends sooner only frees them sooner. (Counted with one partly filled
+    block per request.)
+
+    The sum grows between two ends, so its peak is just before one: at ``s = bound_k -
+    tokens_k`` the requests still running are those with at least ``s`` to go.
+
+    >>> bounded_peak(np.array([0, 0]), np.array([8, 16]), 4)  # at 8 tokens each, + 2 partial
+    6.0
+    """
+    if not len(tokens):
+        return 0.0
+    remaining = np.maximum(bounds - tokens, 0)
+    order = np.argsort(remaining, kind="stable")
+    ends, held = remaining[order], tokens[order]
+    # Requests still running at ends[k]: k and after (ties: the first of them counts them all).
+    running_tokens = np.cumsum(held[::-1])[::-1]
+    count = len(ends) - np.arange(len(ends))
+    peaks = (running_tokens + count * ends) / block_size + count
+    return float(peaks.max())
+
+
+def bounds_usable(cache_tokens: int, mean_bound: float, mean_size: float, in_use: bool) -> bool:
+    """Whether requests whose mean bound is ``mean_bound`` tokens are admitted by their bounds in
+    a cache of ``cache_tokens`` (``mean_size``: the finished requests' mean size, 0 if none;
+    ``in_use``: whether they were last time): see :data:`MIN_BOUNDED_IN_CACHE`.
+
+    >>> bounds_usable(1600, 100, 0, False), bounds_usable(1500, 100, 0, False)
+    (True, False)
+    >>> bounds_usable(1500, 100, 0, True), bounds_usable(1500, 100, 60, True)
+    (True, True)
+    >>> bounds_usable(700, 100, 0, True), bounds_usable(1600, 100, 20, True)
+    (False, False)
+    """
+    slack = 2.0 if in_use else 1.0
+    return cache_tokens * slack >= MIN_BOUNDED_IN_CACHE * mean_bound and (
+        mean_size <= 0 or mean_bound <= slack * MAX_BOUND_SLACK * mean_size
+    )
+
+
+def bounded_admissible(
+    running: tuple[IntArray, IntArray], waiting: tuple[IntArray, IntArray], num_blocks: int,
+    block_size: int,
+) -> int:  # fmt: skip
+    """How many of the waiting requests (``(tokens now, bounds)``, in order) may start so that
+    the running ones and they can never outgrow ``num_blocks`` (:func:`bounded_peak`). At least
+    one when nothing runs.
+
+    >>> t, b = np.full(40, 10), np.full(40, 40)  # 10 tokens now, at most 40: 11 blocks of 4
+    >>> bounded_admissible((t[:0], b[:0]), (t, b), 200, 4)
+    18
+    >>> bounded_admissible((t[:5], b[:5]), (t, b), 200, 4)
+    13
+    """
+    (run_tokens, run_bounds), (wait_tokens, wait_bounds) = running, waiting
+
+    def fits(k: int) -> bool:
+        tokens = np.concatenate((run_tokens, wait_tokens[:k]))
+        bounds = np.concatenate((run_bounds, wait_bounds[:k]))
+        return bounded_peak(tokens, bounds, block_size) <= num_blocks
+
+    low, high = 0, len(wait_tokens)  # fits(low); the answer is in [low, high]
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(mid):
+            low = mid
+        else:
+            high = mid - 1
+    if low == 0 and not len(run_tokens):
+        return 1
+    return low

@@ -42,10 +42,20 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
+import numpy as np
+
 from meridian.config.schema import SchedulerConfig
 from meridian.core.budget import RequestBudget
 from meridian.core.dual_queue import DualQueueScheduler
-from meridian.core.headroom import MIN_REQUESTS_IN_CACHE, Kind, LengthModel, admissible
+from meridian.core.headroom import (
+    MIN_REQUESTS_IN_CACHE,
+    IntArray,
+    Kind,
+    LengthModel,
+    admissible,
+    bounded_admissible,
+    bounds_usable,
+)
 from meridian.core.preemption import VICTIM_CLASS, Candidate, rank_victims
 from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
 from meridian.core.stepfit import DecodeStepTime
@@ -104,7 +114,8 @@ class EngineRequest(Protocol):
     """What the policy reads of an engine's running request (vLLM's ``Request`` has it all).
 
     ``num_computed_tokens`` are the tokens whose KV the engine holds; ``num_tokens`` is prompt
-    plus generated tokens (a decode step computes ``num_tokens - 1`` and samples one more).
+    plus generated tokens (a decode step computes ``num_tokens - 1`` and samples one more);
+    ``max_tokens`` bounds the generated tokens (the request's own limit).
     """
 
     @property
@@ -115,6 +126,12 @@ class EngineRequest(Protocol):
 
     @property
     def num_tokens(self) -> int: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def max_tokens(self) -> int: ...
 
 
 R = TypeVar("R", bound=EngineRequest)
@@ -174,12 +191,16 @@ class PolicyStats:
     (plus the transition phrase): hard-cap forces as seen from the token stream (entropy-driven
     forces are known only to the forcing logits processor). ``num_engine_order_steps`` counts
     the plans that kept the engine's order because no order could change the step.
+    ``num_admissions_held`` counts the steps on which headroom admission held a waiting request
+    back, ``num_bounded_holds`` those of them decided by the requests' bounds (prompt plus
+    ``max_tokens``) rather than the length model's projection.
     """
 
     num_plans: int = 0
     num_reordered_steps: int = 0
     num_engine_order_steps: int = 0
     num_admissions_held: int = 0
+    num_bounded_holds: int = 0
     num_deferred: int = 0
     num_answer_holds: int = 0
     num_paced: int = 0
@@ -199,6 +220,7 @@ class PolicyStats:
             "num_reordered_steps": self.num_reordered_steps,
             "num_engine_order_steps": self.num_engine_order_steps,
             "num_admissions_held": self.num_admissions_held,
+            "num_bounded_holds": self.num_bounded_holds,
             "num_deferred": self.num_deferred,
             "num_answer_holds": self.num_answer_holds,
             "num_paced": self.num_paced,
@@ -227,6 +249,15 @@ class RequestState:
     def phase(self) -> Phase:
         """The request's phase (the router's)."""
         return self.phase_state.phase
+
+
+def _bounds(requests: Sequence[EngineRequest]) -> tuple[IntArray, IntArray]:
+    """Each request's tokens now and its bound: its prompt plus ``max_tokens``."""
+    tokens = np.fromiter((r.num_tokens for r in requests), np.int64, len(requests))
+    bounds = np.fromiter(
+        (r.num_prompt_tokens + r.max_tokens for r in requests), np.int64, len(requests)
+    )
+    return tokens, bounds
 
 
 def _reasoned(st: RequestPhaseState) -> bool:
@@ -284,6 +315,8 @@ class MeridianPolicy:
         # The engine's token budget per step; None: unknown, every change is re-planned.
         self.max_step_tokens = max_step_tokens
         self.lengths = LengthModel()
+        # Whether admission went by the requests' bounds last time (headroom.bounds_usable).
+        self._bounded = False
         self.stats = PolicyStats()
         self._states: dict[str, RequestState] = {}
         # The step of each answer stream's latest answer token (answer gaps).
@@ -805,15 +838,28 @@ class MeridianPolicy:
         requests: as many as keep the running set's projected KV peak within ``num_blocks``
         (:func:`~meridian.core.headroom.admissible`), in a cache that holds at least
         :data:`~meridian.core.headroom.MIN_REQUESTS_IN_CACHE` finished requests' mean size.
+        Before that, and in smaller caches: as many as keep every request's bound (prompt plus
+        ``max_tokens``) within the cache, while the bounds are tight
+        (:func:`~meridian.core.headroom.bounded_admissible`).
         """
-        if self.admission != "headroom" or not waiting or not self.lengths.ready:
+        if self.admission != "headroom" or not waiting:
             return None
         lengths, bs = self.lengths, self.block_size
-        if num_blocks * bs < MIN_REQUESTS_IN_CACHE * lengths.mean_request_tokens:
-            return None
-        blocks = lengths.expected_blocks(*self._progress([*running, *waiting]), bs)
-        grown, candidates = blocks[: len(running)], blocks[len(running) :]
-        count = admissible(grown, candidates, num_blocks * (1.0 - self.admission_reserve))
+        count: int | None
+        mean_size = lengths.mean_request_tokens
+        if lengths.ready and num_blocks * bs >= MIN_REQUESTS_IN_CACHE * mean_size:
+            blocks = lengths.expected_blocks(*self._progress([*running, *waiting]), bs)
+            grown, candidates = blocks[: len(running)], blocks[len(running) :]
+            count = admissible(grown, candidates, num_blocks * (1.0 - self.admission_reserve))
+        else:
+            run, wait = _bounds(running), _bounds(waiting)
+            mean_bound = float(np.concatenate((run[1], wait[1])).mean())
+            self._bounded = bounds_usable(num_blocks * bs, mean_bound, mean_size, self._bounded)
+            if not self._bounded:
+                return None
+            count = bounded_admissible(run, wait, num_blocks, bs)
+            if count < len(waiting):
+                self.stats.num_bounded_holds += 1
         if count < len(waiting):
             self.stats.num_admissions_held += 1
         return count

@@ -56,6 +56,10 @@ class SimRequest:
         return self.stream.spec.num_prompt_tokens
 
     @property
+    def max_tokens(self) -> int:
+        return self.stream.max_tokens
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus generated tokens (vLLM's ``Request.num_tokens``)."""
         return self.stream.spec.num_prompt_tokens + self.num_output_tokens

@@ -85,6 +85,10 @@ FORCING_OFF = Forcing(ForcingKind.OFF)
 FORCING_MERIDIAN = Forcing(ForcingKind.MERIDIAN)
 
 
+# The max_tokens a simulated client sends: Qwen3's recommended output length for reasoning.
+CLIENT_MAX_TOKENS = 32768
+
+
 @dataclass(frozen=True, slots=True)
 class Stream:
     """The tokens one request generates, after forcing.
@@ -92,7 +96,9 @@ class Stream:
     ``num_think`` counts generated think tokens (``0`` for chat); ``forced`` says why they were
     cut short (``None``: the chain ended by itself). ``correct`` is the entropy model's verdict
     (``None`` for chat, which has no settle point). ``num_output_tokens`` counts every generated
-    token: think tokens, ``</think>`` and the answer, whose last token is EOS.
+    token: think tokens, ``</think>`` and the answer, whose last token is EOS. ``max_tokens`` is
+    the request's limit as a client sets it (:data:`CLIENT_MAX_TOKENS`), never below what it
+    generates: the engine cannot know the length from it.
     """
 
     spec: RequestSpec
@@ -103,6 +109,7 @@ class Stream:
     request_id: str = field(init=False)
     is_reasoning: bool = field(init=False)
     num_output_tokens: int = field(init=False)
+    max_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
         spec = self.spec
@@ -113,6 +120,7 @@ class Stream:
         object.__setattr__(
             self, "num_output_tokens", self.num_think + marker + spec.num_answer_tokens
         )
+        object.__setattr__(self, "max_tokens", max(CLIENT_MAX_TOKENS, self.num_output_tokens + 1))
 
     def token_at(self, index: int) -> int:
         """The ``index``-th generated token (0-based)."""

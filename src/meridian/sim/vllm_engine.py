@@ -321,7 +321,7 @@ class VllmEngine:
     def _add(
         self, scheduler: Scheduler, stream: Stream, record: RequestRecord, hasher: Any
     ) -> None:
-        params = SamplingParams(max_tokens=stream.num_output_tokens + 1024)
+        params = SamplingParams(max_tokens=stream.max_tokens)
         params.update_from_generation_config({}, EOS_ID)
         index = len(self._live)
         request = Request(
