@@ -286,6 +286,9 @@ class MeridianScheduler(Scheduler):
         self._logged_errors: set[tuple[str, str]] = set()
         # (request id, new token ids) of the step being processed by update_from_output.
         self._step_tokens: list[tuple[str, list[int]]] = []
+        # Requests freed inside update_from_output, untracked once the step's tokens are
+        # observed (None: outside update_from_output, a freed request is untracked at once).
+        self._freed: list[Any] | None = None
         # The gauge values last written by _publish_gauges (None: nothing written yet).
         self._published_gauges: tuple[int, ...] | None = None
         self._published_revision = -1
@@ -403,10 +406,14 @@ class MeridianScheduler(Scheduler):
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
         overhead = self.meridian_overhead
         start, ours_before = time.perf_counter(), overhead.update_overhead_s
+        self._freed = []
         try:
             return super().update_from_output(*args, **kwargs)
         finally:
             self._observe_step()
+            freed, self._freed = self._freed, None
+            for request in freed:
+                self._untrack(request)
             if not self.has_unfinished_requests():
                 self.meridian_policy.on_idle()  # idle until the next request: no step time
                 self._publish_gauges()  # nothing runs: the batch sizes go to 0 now
@@ -441,9 +448,17 @@ class MeridianScheduler(Scheduler):
         super()._preempt_request(request, *args, **kwargs)
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
-        # A request finishing inside update_from_output: its last tokens are in the batch.
-        self._observe_step()
         result = super()._free_request(request, *args, **kwargs)
+        if self._freed is not None:
+            # Finished inside update_from_output: its last tokens are in the step's batch, which
+            # is observed once, after every request of the step (update_from_output).
+            self._freed.append(request)
+        else:
+            self._untrack(request)
+        return result
+
+    def _untrack(self, request: Any) -> None:
+        """The policy stops tracking a freed request (its tokens counted, its length learned)."""
         with self._guarded("free_request", request.request_id):
             self._count_tokens(request, done=True)
             # What a completed request generated teaches headroom admission; an aborted one not.
@@ -451,7 +466,6 @@ class MeridianScheduler(Scheduler):
             self.meridian_policy.untrack(
                 request.request_id, request.num_output_tokens if completed else None
             )
-        return result
 
     def _sample_overhead(self) -> None:
         """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches (and
