@@ -21,6 +21,8 @@ Example::
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Final, Protocol, TypeAlias, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -196,10 +198,10 @@ class MeridianMetrics:
         self._think_tokens.observe(n)
         self._mirror(cat.THINK_TOKENS, n)
 
-    def count_force(self, reason: ForceReason) -> None:
-        """The budget policy forced ``</think>`` for ``reason``."""
-        self._forces[reason].inc()
-        self._mirror(cat.BUDGET_FORCES, 1, (reason.value,))
+    def count_force(self, reason: ForceReason, n: int = 1) -> None:
+        """The budget policy forced ``</think>`` for ``reason`` (``n`` times)."""
+        self._forces[reason].inc(n)
+        self._mirror(cat.BUDGET_FORCES, n, (reason.value,))
 
     def count_output_critical_eviction(self, n: int = 1) -> None:
         """``n`` OutputCritical blocks were lost other than through :meth:`count_kv_eviction`.
@@ -259,16 +261,34 @@ class MeridianMetrics:
         """
         if count == 1:
             self._output_itl.observe(seconds)
+            self._mirror(cat.OUTPUT_ITL, seconds)
         elif count > 1:
-            histogram = self._output_itl
-            histogram._sum.inc(seconds * count)
-            for i, bound in enumerate(histogram._upper_bounds):
-                if seconds <= bound:
-                    histogram._buckets[i].inc(count)
-                    break
+            self.observe_counted(cat.OUTPUT_ITL, ((seconds, count),))
+
+    def observe_counted(self, spec: MetricSpec, observations: Sequence[tuple[float, int]]) -> None:
+        """Each ``(value, count)`` of ``observations``, ``count`` times, on the unlabelled
+        histogram ``spec``: what as many calls of its ``observe_*`` method record, for one
+        update of the sum and one per bucket touched (the vLLM scheduler publishes its
+        observations in batches this way).
+        """
+        histogram = self._histogram(spec)
+        bounds = histogram._upper_bounds
+        hits = [0] * len(bounds)
+        total = 0.0
+        for value, count in observations:
+            total += value * count
+            i = bisect_left(bounds, value)  # the first bucket observe() would count it in
+            if i < len(bounds) and value <= bounds[i]:
+                hits[i] += count
+        histogram._sum.inc(total)
+        buckets = histogram._buckets
+        for i, n in enumerate(hits):
+            if n:
+                buckets[i].inc(n)
         if self._sink is not None:
-            for _ in range(count):
-                self._sink.record(cat.OUTPUT_ITL, seconds, _NO_LABELS)
+            for value, count in observations:
+                for _ in range(count):
+                    self._sink.record(spec, value, _NO_LABELS)
 
     def observe_reasoning_seconds(self, seconds: float) -> None:
         """A request reasoned for ``seconds`` (first generated token to the end of thinking)."""

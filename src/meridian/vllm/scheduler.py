@@ -54,6 +54,7 @@ from meridian.core.policy import (
 )
 from meridian.core.types import ExitThink, ForceReason, Phase, PhaseEvent, Tier
 from meridian.errors import ConfigError
+from meridian.telemetry import catalogue as cat
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer, make_tracer
 from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
@@ -126,6 +127,9 @@ class _Telemetry:
 
     ``requests`` is the scheduler's table (for a request's ``arrival_time``) and ``now`` the
     clock ``arrival_time`` is on: wall time in vLLM, the simulator's virtual time there.
+    Histogram observations and hard-cap forces are measured when they happen and kept until
+    :meth:`publish` (the scheduler publishes every ``OVERHEAD_SAMPLES_PER_PUBLISH`` steps and
+    when it idles): one update per histogram and batch costs less than one per request.
     """
 
     def __init__(
@@ -143,6 +147,31 @@ class _Telemetry:
         # and when its reasoning started (its first reasoning token).
         self._think_ended_at: dict[str, float] = {}
         self._reasoning_from: dict[str, float] = {}
+        # Observations not yet published, (value, count) by histogram, and hard-cap forces.
+        self._ttfvt: list[tuple[float, int]] = []
+        self._ttot: list[tuple[float, int]] = []
+        self._output_itl: list[tuple[float, int]] = []
+        self._reasoning: list[tuple[float, int]] = []
+        self._think_tokens: list[tuple[float, int]] = []
+        self._pending = (
+            (cat.TTFVT, self._ttfvt),
+            (cat.TTOT, self._ttot),
+            (cat.OUTPUT_ITL, self._output_itl),
+            (cat.REASONING_SECONDS, self._reasoning),
+            (cat.THINK_TOKENS, self._think_tokens),
+        )
+        self._num_hard_caps = 0
+
+    def publish(self) -> None:
+        """Put the observations kept so far on the metrics."""
+        metrics = self.metrics
+        for spec, pending in self._pending:
+            if pending:
+                metrics.observe_counted(spec, pending)
+                pending.clear()
+        if self._num_hard_caps:
+            metrics.count_force(ForceReason.HARD_CAP, self._num_hard_caps)
+            self._num_hard_caps = 0
 
     def reasoning_started(self, request_id: str) -> None:
         self._reasoning_from[request_id] = self.now()
@@ -151,13 +180,13 @@ class _Telemetry:
         now = self.now()
         request = self.requests.get(request_id)
         if request is not None:
-            self.metrics.observe_ttfvt(max(0.0, now - request.arrival_time))
+            self._ttfvt.append((max(0.0, now - request.arrival_time), 1))
         ended = self._think_ended_at.pop(request_id, None)
         if ended is not None:
-            self.metrics.observe_ttot(max(0.0, now - ended))
+            self._ttot.append((max(0.0, now - ended), 1))
 
     def answer_gaps(self, seconds: float, count: int) -> None:
-        self.metrics.observe_output_itl(seconds, count)
+        self._output_itl.append((seconds, count))
 
     def request_started(self, request_id: str) -> None:
         if self.tracer.enabled:
@@ -174,7 +203,7 @@ class _Telemetry:
             now = self._think_ended_at[request_id] = self.now()
             started = self._reasoning_from.pop(request_id, None)
             if started is not None:
-                self.metrics.observe_reasoning_seconds(max(0.0, now - started))
+                self._reasoning.append((max(0.0, now - started), 1))
         if self.tracer.enabled:
             self.tracer.phase_event(request_id, event)
 
@@ -187,9 +216,8 @@ class _Telemetry:
             self.metrics.count_kv_eviction(tier, num_blocks)
 
     def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
-        self.metrics.observe_think_tokens(num_think_tokens)
-        if hard_cap:
-            self.metrics.count_force(ForceReason.HARD_CAP)
+        self._think_tokens.append((num_think_tokens, 1))
+        self._num_hard_caps += hard_cap
 
 
 class _Guard:
@@ -259,6 +287,13 @@ class MeridianScheduler(Scheduler):
         # server's /metrics collects them (the channel `meridian serve` sets up).
         self.meridian_metrics = MeridianMetrics(CollectorRegistry())
         self.meridian_tracer = make_tracer(config.telemetry, metrics=self.meridian_metrics)
+        self._telemetry = _Telemetry(
+            self.meridian_metrics,
+            self.meridian_tracer,
+            self.requests,
+            # vLLM stamps arrival_time with time.time(); the simulator passes its clock.
+            time.time if meridian_clock is time.perf_counter else meridian_clock,
+        )
         self.meridian_policy = self.policy_class(
             self.meridian.model,
             config.scheduler,
@@ -267,13 +302,7 @@ class MeridianScheduler(Scheduler):
             output_budget=_output_budget(config.scheduler.output_budget_rows),
             clock=meridian_clock,
             transition_len=len(self.meridian.transition_ids),
-            listener=_Telemetry(
-                self.meridian_metrics,
-                self.meridian_tracer,
-                self.requests,
-                # vLLM stamps arrival_time with time.time(); the simulator passes its clock.
-                time.time if meridian_clock is time.perf_counter else meridian_clock,
-            ),
+            listener=self._telemetry,
             admission=config.scheduler.admission,
             max_step_tokens=self._step_token_budget(),
         )
@@ -294,8 +323,10 @@ class MeridianScheduler(Scheduler):
         self._published_revision = -1
         # (think, answer) tokens of each live request already on meridian_generated_tokens_total.
         self._tokens_counted: dict[str, tuple[int, int]] = {}
-        # Per-step overhead samples not yet published (_sample_overhead).
-        self._overhead_samples: list[float] = []
+        # Per-step overhead samples not yet published, (seconds, 1) each (_sample_overhead).
+        self._overhead_samples: list[tuple[float, int]] = []
+        # (think, answer) tokens counted but not yet on meridian_generated_tokens_total.
+        self._uncounted = (0, 0)
         self._sampled_overhead_s = 0.0
         logger.info(
             "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
@@ -469,8 +500,8 @@ class MeridianScheduler(Scheduler):
 
     def _sample_overhead(self) -> None:
         """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches (and
-        with each batch, the KV held (:meth:`_publish_kv`) and the running requests' new tokens
-        by phase (:meth:`_count_tokens`).
+        with each batch, the KV held (:meth:`_publish_kv`), the tokens by phase generated since
+        the last one (:meth:`_count_tokens`) and the listener's observations).
 
         A sample is Meridian's time since the previous one (plans, gauges, token accounting,
         tracking). Publishing a histogram sample on every step cost more than the rest of a
@@ -480,15 +511,22 @@ class MeridianScheduler(Scheduler):
         overhead = self.meridian_overhead
         total = overhead.schedule_overhead_s + overhead.update_overhead_s
         samples = self._overhead_samples
-        samples.append(total - self._sampled_overhead_s)
+        samples.append((total - self._sampled_overhead_s, 1))
         self._sampled_overhead_s = total
         if len(samples) >= OVERHEAD_SAMPLES_PER_PUBLISH or not self.meridian_policy.num_tracked:
             with self._guarded("stat_logger"):
-                for seconds in samples:
-                    self.meridian_metrics.observe_schedule_overhead(seconds)
+                metrics = self.meridian_metrics
+                metrics.observe_counted(cat.SCHEDULE_OVERHEAD, samples)
                 self._publish_kv()
                 for request in self.running:
                     self._count_tokens(request)
+                think, answer = self._uncounted
+                if think:
+                    metrics.count_generated_tokens(Phase.THINK, think)
+                if answer:
+                    metrics.count_generated_tokens(Phase.OUTPUT, answer)
+                self._uncounted = (0, 0)
+                self._telemetry.publish()
             samples.clear()
 
     def _publish_kv(self) -> None:
@@ -505,7 +543,8 @@ class MeridianScheduler(Scheduler):
         metrics.set_kv_used_bytes(Tier.OUTPUT_CRITICAL, answering * size)
 
     def _count_tokens(self, request: Any, done: bool = False) -> None:
-        """Add what ``request`` generated since it was last counted to the tokens by phase."""
+        """Add what ``request`` generated since it was last counted to the tokens by phase not
+        yet published (``_uncounted``)."""
         rid = request.request_id
         tokens = self.meridian_policy.tokens_by_phase(rid, request.num_output_tokens)
         if tokens is None:
@@ -513,11 +552,11 @@ class MeridianScheduler(Scheduler):
         think, answer = tokens
         counted = self._tokens_counted
         before_think, before_answer = counted.pop(rid, (0, 0)) if done else counted.get(rid, (0, 0))
-        metrics = self.meridian_metrics
-        if think > before_think:
-            metrics.count_generated_tokens(Phase.THINK, think - before_think)
-        if answer > before_answer:
-            metrics.count_generated_tokens(Phase.OUTPUT, answer - before_answer)
+        new_think, new_answer = self._uncounted
+        self._uncounted = (
+            new_think + max(0, think - before_think),
+            new_answer + max(0, answer - before_answer),
+        )
         if not done:
             counted[rid] = (think, answer)
 
