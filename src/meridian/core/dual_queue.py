@@ -255,6 +255,11 @@ class DualQueueScheduler:
         return self._last_plan
 
     @property
+    def last_served(self) -> tuple[int, int]:
+        """``last_batch_sizes`` as ``(output queue, think queue)``, without building a dict."""
+        return self._last_sizes
+
+    @property
     def last_batch_sizes(self) -> dict[Phase, int]:
         """Requests served in the last step by queue: ``{Phase.OUTPUT: n, Phase.THINK: m}``.
 

@@ -571,17 +571,30 @@ class MeridianScheduler(Scheduler):
             return
         with self._guarded("stat_logger", timed=False):
             self._published_revision = policy.revision
-            depths = policy.queues.queue_depths()
-            sizes = policy.queues.last_batch_sizes
-            values = (policy.num_tracked, *depths.values(), *sizes.values())
+            queues = policy.queues
+            served_output, served_think = queues.last_served
+            values = (
+                policy.num_tracked,
+                queues.num_output_queued,
+                queues.num_think_queued,
+                served_output,
+                served_think,
+            )
             if values == self._published_gauges:
                 return
+            # Only the gauges whose value changed (all of them the first time).
+            last = self._published_gauges or (-1,) * len(values)
             metrics = self.meridian_metrics
-            metrics.set_tracked_requests(policy.num_tracked)
-            for phase, n in depths.items():
-                metrics.set_queue_depth(phase, n)
-            for phase, n in sizes.items():
-                metrics.set_batch_size(phase, n)
+            if values[0] != last[0]:
+                metrics.set_tracked_requests(values[0])
+            if values[1] != last[1]:
+                metrics.set_queue_depth(Phase.OUTPUT, values[1])
+            if values[2] != last[2]:
+                metrics.set_queue_depth(Phase.THINK, values[2])
+            if values[3] != last[3]:
+                metrics.set_batch_size(Phase.OUTPUT, values[3])
+            if values[4] != last[4]:
+                metrics.set_batch_size(Phase.THINK, values[4])
             self._published_gauges = values
 
     # -- fail open ------------------------------------------------------------------------
