@@ -445,14 +445,18 @@ class MeridianPolicy:
         if self._time_history:
             times[step] = self.clock()
             times.pop(step - self._time_history, None)
-        rest: list[tuple[str, Sequence[int]]] = []
-        hits = 0
+        # The deltas beyond the common case, with their stream's last answer step (or None).
+        rest: list[tuple[str, Sequence[int], int | None]] = []
+        num_deltas = 0
+        last_answer = answered.get
         for rid, toks in batch:
-            if answered.get(rid) == prev:
+            num_deltas += 1
+            last = last_answer(rid)
+            if last == prev:
                 answered[rid] = step
-                hits += 1
             else:
-                rest.append((rid, toks))
+                rest.append((rid, toks, last))
+        hits = num_deltas - len(rest)
         if hits:
             if not self.stats.max_answer_gap_steps:
                 self.stats.max_answer_gap_steps = 1
@@ -462,21 +466,23 @@ class MeridianPolicy:
         if rest:
             self._observe_rest(rest, step)
 
-    def _observe_rest(self, rest: list[tuple[str, Sequence[int]]], step: int) -> None:
-        """``observe_many`` beyond its common case."""
-        think = Phase.THINK
+    def _observe_rest(self, rest: list[tuple[str, Sequence[int], int | None]], step: int) -> None:
+        """``observe_many`` beyond its common case: ``(request id, new tokens, its stream's last
+        answer step or None)``."""
+        think, output = Phase.THINK, Phase.OUTPUT
         rids: list[str] = []
+        thinking: list[RequestPhaseState] = []
         deltas: list[Sequence[int]] = []
         others: list[tuple[str, Sequence[int]]] = []
         unknown: list[str] = []
         stats, answered, states, times = self.stats, self._answered, self._states, self._token_times
         listener = self.listener
-        for rid, toks in rest:
+        for rid, toks, last in rest:
             state = states.get(rid)
             if state is None:
                 unknown.append(rid)
                 continue
-            last = answered.get(rid)
+            st = state.phase_state
             if last is not None:
                 # An answer stream after a gap of more than one step (a stall).
                 gap = step - last
@@ -485,20 +491,21 @@ class MeridianPolicy:
                 answered[rid] = step
                 if listener is not None and last in times:
                     listener.answer_gaps(times[step] - times[last], 1)
-            elif state.phase is think:
+            elif st.phase is think:
                 rids.append(rid)
+                thinking.append(st)
                 deltas.append(toks)
-                if listener is not None and not state.phase_state.num_generated_tokens:
+                if listener is not None and not st.num_generated_tokens:
                     listener.reasoning_started(rid)  # its first tokens, all reasoning
-            elif state.phase is Phase.OUTPUT:
+            elif st.phase is output:
                 # Its think phase ended with the previous delta; these are its first answers.
                 self._first_answer(rid, state, step)
             else:
                 others.append((rid, toks))
         if rids:
-            for rid, events in zip(rids, self.router.observe_many(rids, deltas), strict=True):
+            for i, events in enumerate(self.router.observe_states(thinking, deltas)):
                 if events:
-                    self._after_events(rid, events, step)
+                    self._after_events(rids[i], events, step)
         for rid, toks in others:
             self._after_events(rid, self.router.observe(rid, toks), step)
         if unknown:

@@ -404,15 +404,26 @@ class PhaseRouter:
             raise ValueError(
                 f"observe_many: {len(request_ids)} request ids but {len(token_ids)} token lists"
             )
+        get = self._states.get
+        states: list[RequestPhaseState] = []
+        for rid in request_ids:
+            st = get(rid)
+            if st is None:
+                self.observe_states(states, token_ids[: len(states)])
+                raise self._unknown(rid)
+            states.append(st)
+        return self.observe_states(states, token_ids)
+
+    def observe_states(
+        self, states: Sequence[RequestPhaseState], token_ids: Sequence[Sequence[int]]
+    ) -> list[Sequence[PhaseEvent]]:
+        """``observe_many`` for callers that hold the requests' live states (:meth:`state`):
+        ``token_ids[i]`` are the new tokens of ``states[i]``'s request, which must be tracked."""
         now = self._clock()
-        states = self._states
         think, output = Phase.THINK, Phase.OUTPUT
         out: list[Sequence[PhaseEvent]] = []
         append = out.append
-        for rid, toks in zip(request_ids, token_ids, strict=True):
-            st = states.get(rid)
-            if st is None:
-                raise self._unknown(rid)
+        for st, toks in zip(states, token_ids, strict=True):
             st.last_seen = now
             phase = st.phase
             # Inlined fast paths of _feed (the common cases: no boundary in this delta).
