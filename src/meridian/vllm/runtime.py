@@ -68,6 +68,7 @@ KNOB_FORCING = "meridian_forcing"
 KNOB_SIGNALS = "meridian_signals"
 _KNOBS = (KNOB_MAX_THINK_TOKENS, KNOB_FORCING, KNOB_SIGNALS)
 _FORCING_VALUES: Mapping[str, bool] = {"on": True, "off": False}
+_SIGNALS_BY_VALUE: Mapping[object, Signals] = {s.value: s for s in Signals}
 
 # The auto-detection fallback: <think>/</think> as special tokens, wherever a model has them.
 GENERIC_THINK_TAGS = ModelDefinition(
@@ -268,12 +269,13 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
     """
     if not extra_args:
         return None
-    unknown = sorted(k for k in extra_args if k.startswith("meridian_") and k not in _KNOBS)
+    # Parsed once per request, in the scheduler's add_request: no generator or enum scan here.
+    unknown = [k for k in extra_args if k.startswith("meridian_") and k not in _KNOBS]
     if unknown:
         raise RequestArgsError(
-            f"extra_args: unknown Meridian key {unknown[0]!r}; known keys: {', '.join(_KNOBS)}"
+            f"extra_args: unknown Meridian key {min(unknown)!r}; known keys: {', '.join(_KNOBS)}"
         )
-    if not any(k in extra_args for k in _KNOBS):
+    if extra_args.keys().isdisjoint(_KNOBS):
         return None
     cap = extra_args.get(KNOB_MAX_THINK_TOKENS)
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
@@ -293,7 +295,10 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
             f'extra_args.{KNOB_FORCING} must be "on", "off" or a bool; got {raw!r}'
         )
     raw_signals = extra_args.get(KNOB_SIGNALS, "all")
-    signals = next((s for s in Signals if s.value == raw_signals), None)
+    try:
+        signals = _SIGNALS_BY_VALUE.get(raw_signals)
+    except TypeError:  # unhashable: no signal's value
+        signals = None
     if signals is None:
         names = ", ".join(f'"{s.value}"' for s in Signals)
         raise RequestArgsError(
