@@ -136,7 +136,8 @@ def main() -> None:
     )
     header = (
         f"{'scheduler':<10} {'preempt think':>13} {'preempt output':>14} "
-        f"{'max answer gap':>14} {'gaps>2':>7} {'holds':>6} {'steps':>6} "
+        f"{'max answer gap':>14} {'gaps>2':>7} {'holds':>6} {'admit held':>10} "
+        f"{'by bounds':>9} {'steps':>6} "
         f"{'computed tok':>12} {'wall s':>7} {'cpu s':>7} {'errors':>6}"
     )
     print(header)
@@ -145,7 +146,8 @@ def main() -> None:
         print(
             f"{variant:<10} {p.get('think', 0) + p.get('prefill', 0):>13} "
             f"{p.get('output', 0):>14} {r['max_answer_gap_steps']:>14} "
-            f"{r['num_answer_gaps_over_2']:>7} {r['num_answer_holds']:>6} {r['num_steps']:>6} "
+            f"{r['num_answer_gaps_over_2']:>7} {r['num_answer_holds']:>6} "
+            f"{r['num_admissions_held']:>10} {r['num_bounded_holds']:>9} {r['num_steps']:>6} "
             f"{r['num_scheduled_tokens']:>12} {r['wall_s']:>7.2f} {r['cpu_s']:>7.2f} "
             f"{r['policy_errors']:>6}"
         )
