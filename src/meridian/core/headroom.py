@@ -332,9 +332,11 @@ def bounds_usable(cache_tokens: int, mean_bound: float, mean_size: float, in_use
 
 
 def bounded_admissible(
-    running: tuple[IntArray, IntArray], waiting: tuple[IntArray, IntArray], num_blocks: int,
+    running: tuple[IntArray, IntArray],
+    waiting: tuple[IntArray, IntArray],
+    num_blocks: int,
     block_size: int,
-) -> int:  # fmt: skip
+) -> int:
     """How many of the waiting requests (``(tokens now, bounds)``, in order) may start so that
     the running ones and they can never outgrow ``num_blocks`` (:func:`bounded_peak`). At least
     one when nothing runs.

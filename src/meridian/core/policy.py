@@ -860,7 +860,7 @@ class MeridianPolicy:
             count = admissible(grown, candidates, num_blocks * (1.0 - self.admission_reserve))
         else:
             run, wait = _bounds(running), _bounds(waiting)
-            mean_bound = float(np.concatenate((run[1], wait[1])).mean())
+            mean_bound = float(run[1].sum() + wait[1].sum()) / (len(running) + len(waiting))
             self._bounded = bounds_usable(num_blocks * bs, mean_bound, mean_size, self._bounded)
             if not self._bounded:
                 return None

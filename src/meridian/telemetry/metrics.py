@@ -277,7 +277,9 @@ class MeridianMetrics:
         total = 0.0
         for value, count in observations:
             total += value * count
-            i = bisect_left(bounds, value)  # the first bucket observe() would count it in
+            # The first bucket observe() counts it in; NaN, like observe(), in none (the
+            # comparison fails).
+            i = bisect_left(bounds, value)
             if i < len(bounds) and value <= bounds[i]:
                 hits[i] += count
         histogram._sum.inc(total)

@@ -32,6 +32,7 @@ model, and virtual time).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -55,6 +56,7 @@ from meridian.core.policy import (
 from meridian.core.types import ExitThink, ForceReason, Phase, PhaseEvent, Tier
 from meridian.errors import ConfigError
 from meridian.telemetry import catalogue as cat
+from meridian.telemetry.catalogue import MetricSpec
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer, make_tracer
 from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
@@ -148,24 +150,18 @@ class _Telemetry:
         self._think_ended_at: dict[str, float] = {}
         self._reasoning_from: dict[str, float] = {}
         # Observations not yet published, (value, count) by histogram, and hard-cap forces.
-        self._ttfvt: list[tuple[float, int]] = []
-        self._ttot: list[tuple[float, int]] = []
-        self._output_itl: list[tuple[float, int]] = []
-        self._reasoning: list[tuple[float, int]] = []
-        self._think_tokens: list[tuple[float, int]] = []
-        self._pending = (
-            (cat.TTFVT, self._ttfvt),
-            (cat.TTOT, self._ttot),
-            (cat.OUTPUT_ITL, self._output_itl),
-            (cat.REASONING_SECONDS, self._reasoning),
-            (cat.THINK_TOKENS, self._think_tokens),
-        )
+        self._pending: dict[MetricSpec, list[tuple[float, int]]] = {
+            spec: []
+            for spec in (
+                cat.TTFVT, cat.TTOT, cat.OUTPUT_ITL, cat.REASONING_SECONDS, cat.THINK_TOKENS
+            )
+        }  # fmt: skip
         self._num_hard_caps = 0
 
     def publish(self) -> None:
         """Put the observations kept so far on the metrics."""
         metrics = self.metrics
-        for spec, pending in self._pending:
+        for spec, pending in self._pending.items():
             if pending:
                 metrics.observe_counted(spec, pending)
                 pending.clear()
@@ -180,13 +176,13 @@ class _Telemetry:
         now = self.now()
         request = self.requests.get(request_id)
         if request is not None:
-            self._ttfvt.append((max(0.0, now - request.arrival_time), 1))
+            self._pending[cat.TTFVT].append((max(0.0, now - request.arrival_time), 1))
         ended = self._think_ended_at.pop(request_id, None)
         if ended is not None:
-            self._ttot.append((max(0.0, now - ended), 1))
+            self._pending[cat.TTOT].append((max(0.0, now - ended), 1))
 
     def answer_gaps(self, seconds: float, count: int) -> None:
-        self._output_itl.append((seconds, count))
+        self._pending[cat.OUTPUT_ITL].append((seconds, count))
 
     def request_started(self, request_id: str) -> None:
         if self.tracer.enabled:
@@ -203,7 +199,7 @@ class _Telemetry:
             now = self._think_ended_at[request_id] = self.now()
             started = self._reasoning_from.pop(request_id, None)
             if started is not None:
-                self._reasoning.append((max(0.0, now - started), 1))
+                self._pending[cat.REASONING_SECONDS].append((max(0.0, now - started), 1))
         if self.tracer.enabled:
             self.tracer.phase_event(request_id, event)
 
@@ -216,7 +212,7 @@ class _Telemetry:
             self.metrics.count_kv_eviction(tier, num_blocks)
 
     def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
-        self._think_tokens.append((num_think_tokens, 1))
+        self._pending[cat.THINK_TOKENS].append((num_think_tokens, 1))
         self._num_hard_caps += hard_cap
 
 
@@ -318,8 +314,17 @@ class MeridianScheduler(Scheduler):
         # Requests freed inside update_from_output, untracked once the step's tokens are
         # observed (None: outside update_from_output, a freed request is untracked at once).
         self._freed: list[Any] | None = None
-        # The gauge values last written by _publish_gauges (None: nothing written yet).
+        # The gauge values last written by _publish_gauges (None: nothing written yet), and the
+        # setters of those gauges, in the same order.
         self._published_gauges: tuple[int, ...] | None = None
+        metrics = self.meridian_metrics
+        self._gauge_setters: tuple[Callable[[int], None], ...] = (
+            metrics.set_tracked_requests,
+            functools.partial(metrics.set_queue_depth, Phase.OUTPUT),
+            functools.partial(metrics.set_queue_depth, Phase.THINK),
+            functools.partial(metrics.set_batch_size, Phase.OUTPUT),
+            functools.partial(metrics.set_batch_size, Phase.THINK),
+        )
         self._published_revision = -1
         # (think, answer) tokens of each live request already on meridian_generated_tokens_total.
         self._tokens_counted: dict[str, tuple[int, int]] = {}
@@ -584,17 +589,9 @@ class MeridianScheduler(Scheduler):
                 return
             # Only the gauges whose value changed (all of them the first time).
             last = self._published_gauges or (-1,) * len(values)
-            metrics = self.meridian_metrics
-            if values[0] != last[0]:
-                metrics.set_tracked_requests(values[0])
-            if values[1] != last[1]:
-                metrics.set_queue_depth(Phase.OUTPUT, values[1])
-            if values[2] != last[2]:
-                metrics.set_queue_depth(Phase.THINK, values[2])
-            if values[3] != last[3]:
-                metrics.set_batch_size(Phase.OUTPUT, values[3])
-            if values[4] != last[4]:
-                metrics.set_batch_size(Phase.THINK, values[4])
+            for set_gauge, value, before in zip(self._gauge_setters, values, last, strict=True):
+                if value != before:
+                    set_gauge(value)
             self._published_gauges = values
 
     # -- fail open ------------------------------------------------------------------------
