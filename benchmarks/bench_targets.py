@@ -7,13 +7,14 @@ Run (vLLM's own scheduler, needs the vLLM environment: `make vllm-venv`):
     .venv-vllm/bin/python benchmarks/bench_targets.py --model qwen3-32b   # KV-tight
     .venv-vllm/bin/python benchmarks/bench_targets.py --engine model      # fast engine, minutes
 
-Each cell is one 10-minute run (seed 0, the synthetic workload, vLLM's defaults for the
-hardware) of each policy at ``load x capacity`` req/s; ``--jobs`` runs cells in parallel
-processes (the figures do not depend on it: virtual time). ``capacity`` is the highest arrival
-rate at which stock vLLM's queue stays bounded over the run; the default per configuration was
-found with this script (``--loads`` around it) and every run prints whether stock's queue stayed
-bounded, so the claim is checked where it is made. Bounded: over the last third of the arrival
-window the waiting queue averages at most max(8, 1.25 x its average over the middle third).
+Each cell is one 10-minute run (seed 0 unless ``--seed``, the synthetic workload, vLLM's
+defaults for the hardware) of each policy at ``load x capacity`` req/s; ``--jobs`` runs cells in
+parallel processes (the figures do not depend on it: virtual time). ``capacity`` is the highest
+arrival rate at which stock vLLM's queue stays bounded over the run; the default per
+configuration was found with this script (``--loads`` around it) and every run prints whether
+stock's queue stayed bounded, so the claim is checked where it is made. Bounded: over the last
+third of the arrival window the waiting queue averages at most max(8, 1.25 x its average over
+the middle third).
 
 The targets (vs stock, same forcing): at loads <= 0.7 every metric within +-3 %; the worst
 answer stall <= 2 steps in every run; from load 0.9 up: answer ITL P99 <= 0.7x, TTFVT P95
@@ -59,6 +60,7 @@ class Cell:
     rate: float
     policy: str
     duration_s: float
+    seed: int = 0
 
 
 def _variant(policy: str) -> tuple[str, dict[str, Any]]:
@@ -94,6 +96,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         model=cell.model,
         hardware=cell.hardware,
         config=MeridianConfig(scheduler=SchedulerConfig(**fields)),
+        seed=cell.seed,
     )
     requests = load_requests(spec, cell.rate)
     started = time.perf_counter()
@@ -219,6 +222,7 @@ def main() -> None:
     ap.add_argument("--policies", default=f"{STOCK},{MERIDIAN},{PASCAL}")
     ap.add_argument("--pascal-from", type=float, default=HEAVY, help="run Pascal from this load")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0, help="the workload's seed")
     ap.add_argument("--out", type=Path, help="write JSON and Markdown here")
     ap.add_argument("--render", type=Path, help="print the tables of a saved JSON, run nothing")
     args = ap.parse_args()
@@ -240,14 +244,23 @@ def main() -> None:
         loads = [float(x) for x in args.loads.split(",")]
     policies = args.policies.split(",")
     cells = [
-        Cell(args.model, args.hardware, args.engine, round(load * capacity, 4), pol, args.duration)
+        Cell(
+            args.model,
+            args.hardware,
+            args.engine,
+            round(load * capacity, 4),
+            pol,
+            args.duration,
+            args.seed,
+        )
         for load in loads
         for pol in policies
         if pol != PASCAL or load >= args.pascal_from - 1e-9
     ]
     print(
         f"{args.model} on {args.hardware}, engine {args.engine}, capacity {capacity:g} req/s, "
-        f"{len(cells)} runs of {args.duration:g} s of traffic, {args.jobs} at a time",
+        f"{len(cells)} runs of {args.duration:g} s of traffic (seed {args.seed}), "
+        f"{args.jobs} at a time",
         flush=True,
     )
     rows: dict[tuple[float, str], dict[str, Any]] = {}
@@ -272,6 +285,7 @@ def main() -> None:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         stem = f"targets-{args.model}-{args.hardware}-{args.engine}"
+        stem += f"-seed{args.seed}" if args.seed else ""
         (args.out / f"{stem}.md").write_text(md + "\n")
         payload = {"capacity": capacity, "runs": list(rows.values()), "misses": misses}
         (args.out / f"{stem}.json").write_text(json.dumps(payload, indent=1))

@@ -498,6 +498,35 @@ def _teach(policy: MeridianPolicy, n: int, num_output_tokens: int | None) -> Non
         policy.untrack(f"done{i}", num_output_tokens)
 
 
+def test_waiting_order_puts_preempted_requests_first_then_the_preferred_kind() -> None:
+    def policy_for(order: str) -> MeridianPolicy:
+        config = SchedulerConfig(admission_order=order)
+        return MeridianPolicy(MODEL, config, block_size=4, capacity=64)
+
+    def queue(policy: MeridianPolicy) -> list[FakeRequest]:
+        # Arrival order: chat, reasoning, chat, a preempted reasoning request, reasoning.
+        prompts = [PLAIN_PROMPT, THINK_PROMPT, PLAIN_PROMPT, THINK_PROMPT, THINK_PROMPT]
+        waiting = [FakeRequest(f"{i}", p) for i, p in enumerate(prompts)]
+        for r in waiting:
+            policy.track(r.request_id, r.prompt)
+        waiting[3].emit(policy, 9, 1)
+        policy.on_preempt("3")
+        return waiting
+
+    policy = policy_for("arrival")
+    assert policy.waiting_order(queue(policy)) is None
+    policy = policy_for("reasoning-first")
+    assert ids(policy.waiting_order(queue(policy))) == ["3", "1", "4", "0", "2"]
+    policy = policy_for("chat-first")
+    waiting = queue(policy)
+    ordered = policy.waiting_order(waiting)
+    assert ids(ordered) == ["3", "0", "2", "1", "4"]
+    assert policy.waiting_order(ordered) is None  # already in order: the queue is left alone
+    assert policy.waiting_order(waiting[:1]) is None
+    # Unknown requests (not tracked, as an engine may hold) keep their place at the head.
+    assert ids(policy.waiting_order([waiting[1], FakeRequest("x", PLAIN_PROMPT)])) == ["x", "1"]
+
+
 def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -144,6 +144,35 @@ def test_headroom_admission_through_vllms_scheduler_cuts_preemption_and_recomput
     assert held.num_recomputed_tokens < unheld.num_recomputed_tokens
 
 
+@pytest.mark.parametrize(
+    ("order", "expected"),
+    [
+        ("arrival", ["c0", "r1", "c2", "r3"]),
+        ("reasoning-first", ["c0", "r1", "r3", "c2"]),
+        ("chat-first", ["c0", "c2", "r1", "r3"]),
+    ],
+)
+def test_admission_order_reorders_vllms_waiting_queue(order: str, expected: list[str]) -> None:
+    # Four requests a nanosecond apart and room for one at a time: the first starts at once, the
+    # others in the order `admission_order` asks for, on vLLM's scheduler and the fast engine.
+    config = MeridianConfig(scheduler=SchedulerConfig(admission_order=order))
+    spec = dataclasses.replace(SMALL, config=config)
+    chat, reasoning = RequestKind.CHAT, RequestKind.REASONING
+    requests = [
+        RequestSpec(rid, i, 40, 30 if kind is reasoning else 0, 10, kind)
+        for i, (rid, kind) in enumerate(
+            (("c0", chat), ("r1", reasoning), ("c2", chat), ("r3", reasoning))
+        )
+    ]
+    one_at_a_time = dataclasses.replace(engine_config_for(spec), max_num_seqs=1)
+    model, vllm = run_both(spec, "meridian", one_at_a_time, requests)
+    for result in (model, vllm):
+        assert all(r.finished for r in result.records)
+        started = sorted(result.records, key=lambda r: r.first_token_ns or 0)
+        assert [r.request_id for r in started] == expected, result.engine
+    assert compare(model, vllm).passed
+
+
 def test_offload_through_vllms_connector_reloads_preempted_kv_instead_of_recomputing() -> None:
     # vLLM's OffloadingConnector as `meridian serve --kv-offload-gib` configures it, its worker
     # modelled as copies over an H100's host link (meridian.sim.offload.HostLink).

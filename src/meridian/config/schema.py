@@ -137,6 +137,12 @@ class SchedulerConfig(_Section):
         "own bounds (prompt plus max_tokens) fit, if the bounds are tight; "
         '"vllm": vLLM\'s own admission (whenever the prompt fits).',
     )
+    admission_order: Literal["arrival", "reasoning-first", "chat-first"] = _field(
+        "arrival",
+        'Which waiting requests start first: "arrival": vLLM\'s order (first come, first '
+        'served); "reasoning-first": new reasoning requests before new chat requests; '
+        '"chat-first": new chat requests first. Preempted requests stay at the head.',
+    )
     admission_reserve: ReserveFraction = _field(
         0.05,
         "Headroom admission keeps this fraction of the KV cache out of its projection (the "

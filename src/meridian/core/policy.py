@@ -36,8 +36,10 @@ virtual time with the same code.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -312,6 +314,11 @@ class MeridianPolicy:
         # "headroom": admit only what the projected KV growth leaves room for (core.headroom).
         self.admission = admission
         self.admission_reserve = float(config.admission_reserve)
+        # Which new requests start first (waiting_order): reasoning ones (True), chat ones
+        # (False), or None: the engine's order.
+        self._reasoning_first: bool | None = {"reasoning-first": True, "chat-first": False}.get(
+            config.admission_order
+        )
         # The engine's token budget per step; None: unknown, every change is re-planned.
         self.max_step_tokens = max_step_tokens
         self.lengths = LengthModel()
@@ -836,6 +843,37 @@ class MeridianPolicy:
         return needy[-surplus:]
 
     # -- admission ----------------------------------------------------------------------------
+
+    def waiting_order(self, waiting: Sequence[R]) -> list[R] | None:
+        """The head of the waiting queue in the order it should start, or ``None`` to keep the
+        engine's (``scheduler.admission_order``): preempted requests first, then new requests of
+        the preferred phase, then the others, each group in the engine's order."""
+        reasoning_first = self._reasoning_first
+        if reasoning_first is None or len(waiting) < 2:
+            return None
+        states, think = self._states, Phase.THINK
+        ranks = []
+        for request in waiting:
+            state = states.get(request.request_id)
+            if state is None or state.preempted:
+                ranks.append(0)
+            else:
+                ranks.append(1 if (state.phase is think) is reasoning_first else 2)
+        if all(a <= b for a, b in itertools.pairwise(ranks)):
+            return None
+        order = sorted(range(len(waiting)), key=ranks.__getitem__)
+        return [waiting[i] for i in order]
+
+    def reorder_waiting(self, queue: deque[R], head: list[R]) -> list[R]:
+        """Put ``head``, the first requests of the engine's waiting ``queue`` (vLLM's FCFS queue
+        is a deque), in :meth:`waiting_order`, in place; returns the head as it now stands."""
+        reordered = self.waiting_order(head)
+        if reordered is None:
+            return head
+        for _ in head:
+            queue.popleft()
+        queue.extendleft(reversed(reordered))
+        return reordered
 
     def admissions(self, running: Sequence[R], waiting: Sequence[R], num_blocks: int) -> int | None:
         """How many of ``waiting`` (from the head, in the engine's order) may start this step;

@@ -110,6 +110,11 @@ class SimPolicy:
         """The plan of step ``step``; ``None`` keeps the running order and skips nobody."""
         return None
 
+    def reorder_waiting(self, queue: deque[SimRequest], head: list[SimRequest]) -> list[SimRequest]:
+        """Put ``head``, the first requests of the waiting ``queue``, in the order they should
+        start, in place; returns the head as it now stands."""
+        return head
+
     def admissions(
         self, running: list[SimRequest], waiting: list[SimRequest], num_blocks: int
     ) -> int | None:
@@ -322,9 +327,10 @@ class Engine:
         cfg, pool = self.config, self.pool
         limit = cfg.max_num_seqs
         if self._num_waiting():
-            allowed = self.policy.admissions(
-                self.running, self._waiting_head(ADMISSION_CANDIDATES), pool.num_usable_blocks
-            )
+            head = self._waiting_head(ADMISSION_CANDIDATES)
+            if not self.policy.uses_priority:
+                head = self.policy.reorder_waiting(self.waiting, head)
+            allowed = self.policy.admissions(self.running, head, pool.num_usable_blocks)
             if allowed is not None:
                 limit = min(limit, len(self.running) + allowed)
         while self._num_waiting() and budget > 0 and len(self.running) < limit:

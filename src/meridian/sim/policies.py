@@ -28,6 +28,7 @@ through :mod:`meridian.sim.vllm_engine`.
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -192,6 +193,9 @@ class _CorePolicy(SimPolicy):
 
     def plan(self, running: list[SimRequest], step: int, num_free_blocks: int) -> Plan[SimRequest]:
         return self.core.plan(running, step, num_free_blocks)
+
+    def reorder_waiting(self, queue: deque[SimRequest], head: list[SimRequest]) -> list[SimRequest]:
+        return self.core.reorder_waiting(queue, head)
 
     def admissions(
         self, running: list[SimRequest], waiting: list[SimRequest], num_blocks: int

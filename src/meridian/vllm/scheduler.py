@@ -408,7 +408,9 @@ class MeridianScheduler(Scheduler):
                         request.next_decode_eligible_step, step + 1
                     )
                 if self.waiting:
-                    head = list(itertools.islice(self.waiting, ADMISSION_CANDIDATES))
+                    head = self.meridian_policy.reorder_waiting(
+                        self.waiting, list(itertools.islice(self.waiting, ADMISSION_CANDIDATES))
+                    )
                     allowed = self.meridian_policy.admissions(
                         self.running, head, pool.num_gpu_blocks - 1
                     )
