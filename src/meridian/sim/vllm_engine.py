@@ -282,6 +282,9 @@ class VllmEngine:
         device_free_ns = 0
         num_empty = 0
         depth = 2 if self.config.async_scheduling else 1
+        # Meridian's scheduler fails open in serving (vLLM's stock behaviour applies); a run
+        # that did would measure the wrong policy, so the simulator stops at the first error.
+        overhead = getattr(scheduler, "meridian_overhead", None)
 
         def admit_until(time_ns: int) -> int:
             nonlocal next_arrival
@@ -314,6 +317,11 @@ class VllmEngine:
             self.now_ns = max(self.now_ns, done.end_ns)
             self._deliver(done)
             scheduler.update_from_output(done.output, done.runner_output)
+            if overhead is not None and overhead.policy_errors:
+                raise SimulationError(
+                    f"Meridian's policy raised an exception in {self.spec.name!r} (logged "
+                    "above): the run would measure vLLM's stock behaviour, not the policy"
+                )
             if not scheduler.has_requests() and next_arrival < len(arrivals):
                 self.now_ns = max(self.now_ns, times[next_arrival])
         return [records[s.request_id] for s in streams]
