@@ -156,7 +156,7 @@ def test_a_policy_error_stops_the_simulation(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(MeridianPolicy, "plan", broken)
     spec = dataclasses.replace(SMALL, duration_s=1.0)
     streams = StreamSet(load_requests(spec, spec.arrival_rate), spec.config)
-    with pytest.raises(SimulationError, match="'meridian'.*stock behaviour"):
+    with pytest.raises(SimulationError, match=r"'meridian'.*stock behaviour"):
         run_policy(spec, parse_policy("meridian"), streams)
     assert all(r.finished for r in run_policy(spec, parse_policy("vllm-fcfs"), streams).records)
 
