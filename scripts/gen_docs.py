@@ -113,6 +113,11 @@ ADVICE: dict[str, str] = {
         '"chat-first" changed TTFVT P95 by -3 % to +1 % across seeds (docs/adr/0013). It '
         "exists to reproduce that measurement."
     ),
+    "scheduler.admission_order_max_wait_s": (
+        'Only read with an admission_order other than "arrival": the longest a request is '
+        "passed over by newer ones. Lower it if the kind that goes second waits too long under "
+        "overload (vLLM's vllm:time_to_first_token_seconds)."
+    ),
     "scheduler.answer_pace_ms": (
         "Leave 0. Pacing frees little on vLLM (answer rows are a small share of a step) and "
         "keeps answer streams, with their KV, in the cache longer; measured as a loss in "

@@ -525,6 +525,20 @@ def test_waiting_order_puts_preempted_requests_first_then_the_preferred_kind() -
     assert policy.waiting_order(waiting[:1]) is None
     # Unknown requests (not tracked, as an engine may hold) keep their place at the head.
     assert ids(policy.waiting_order([waiting[1], FakeRequest("x", PLAIN_PROMPT)])) == ["x", "1"]
+    # The starvation bound: a request that has waited admission_order_max_wait_s is passed over
+    # no more; it starts in arrival order, ahead of newer requests of the preferred kind.
+    clock = Clock()
+    config = SchedulerConfig(admission_order="chat-first", admission_order_max_wait_s=30.0)
+    policy = MeridianPolicy(MODEL, config, block_size=4, capacity=64, clock=clock)
+    old = [FakeRequest("old-r", THINK_PROMPT), FakeRequest("old-c", PLAIN_PROMPT)]
+    for r in old:
+        policy.track(r.request_id, r.prompt)
+    clock.now = 29.0
+    new = [FakeRequest("new-c", PLAIN_PROMPT)]
+    policy.track("new-c", PLAIN_PROMPT)
+    assert ids(policy.waiting_order([*old, *new])) == ["old-c", "new-c", "old-r"]
+    clock.now = 30.0
+    assert ids(policy.waiting_order([*new, *old])) == ["old-r", "old-c", "new-c"]
 
 
 def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for(

@@ -143,6 +143,12 @@ class SchedulerConfig(_Section):
         'served); "reasoning-first": new reasoning requests before new chat requests; '
         '"chat-first": new chat requests first. Preempted requests stay at the head.',
     )
+    admission_order_max_wait_s: PosFloat = _field(
+        30.0,
+        "The starvation bound of admission_order: a request that has waited this many seconds "
+        "is not passed over any more (it starts in its arrival order, before newer requests).",
+        _POS,
+    )
     admission_reserve: ReserveFraction = _field(
         0.05,
         "Headroom admission keeps this fraction of the KV cache out of its projection (the "

@@ -246,6 +246,7 @@ class RequestState:
     num_prompt_tokens: int = 0
     readmitted_step: int | None = None
     preempted: bool = False
+    tracked_at: float = 0.0  # the policy's clock when tracking began (admission_order)
 
     @property
     def phase(self) -> Phase:
@@ -319,6 +320,7 @@ class MeridianPolicy:
         self._reasoning_first: bool | None = {"reasoning-first": True, "chat-first": False}.get(
             config.admission_order
         )
+        self._max_wait_s = float(config.admission_order_max_wait_s)
         # The engine's token budget per step; None: unknown, every change is re-planned.
         self.max_step_tokens = max_step_tokens
         self.lengths = LengthModel()
@@ -399,7 +401,11 @@ class MeridianPolicy:
         else:
             cap = None
         self._states[request_id] = RequestState(
-            request_id, self.router.state(request_id), cap, len(prompt_token_ids or ())
+            request_id,
+            self.router.state(request_id),
+            cap,
+            len(prompt_token_ids or ()),
+            tracked_at=self.clock() if self._reasoning_first is not None else 0.0,
         )
         self.revision += 1
         if output_token_ids:
@@ -846,16 +852,19 @@ class MeridianPolicy:
 
     def waiting_order(self, waiting: Sequence[R]) -> list[R] | None:
         """The head of the waiting queue in the order it should start, or ``None`` to keep the
-        engine's (``scheduler.admission_order``): preempted requests first, then new requests of
-        the preferred phase, then the others, each group in the engine's order."""
+        engine's (``scheduler.admission_order``): preempted requests and those that have waited
+        ``admission_order_max_wait_s`` (the starvation bound) first, then new requests of the
+        preferred kind (reasoning: thinking from their prompt on; chat: the others), then the
+        rest, each group in the engine's order."""
         reasoning_first = self._reasoning_first
         if reasoning_first is None or len(waiting) < 2:
             return None
         states, think = self._states, Phase.THINK
+        starved = self.clock() - self._max_wait_s
         ranks = []
         for request in waiting:
             state = states.get(request.request_id)
-            if state is None or state.preempted:
+            if state is None or state.preempted or state.tracked_at <= starved:
                 ranks.append(0)
             else:
                 ranks.append(1 if (state.phase is think) is reasoning_first else 2)
