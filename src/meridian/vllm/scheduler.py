@@ -438,7 +438,9 @@ class MeridianScheduler(Scheduler):
         overhead.num_scheduled_tokens += tokens
         if self.meridian_reorders:
             rows = len(getattr(output, "num_scheduled_tokens", ()))
+            on_step = time.perf_counter()
             self.meridian_policy.on_step(rows, tokens)
+            overhead.schedule_overhead_s += time.perf_counter() - on_step
         return output
 
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
@@ -453,8 +455,10 @@ class MeridianScheduler(Scheduler):
             for request in freed:
                 self._untrack(request)
             if not self.has_unfinished_requests():
+                idle = time.perf_counter()
                 self.meridian_policy.on_idle()  # idle until the next request: no step time
                 self._publish_gauges()  # nothing runs: the batch sizes go to 0 now
+                overhead.update_overhead_s += time.perf_counter() - idle
             ours = overhead.update_overhead_s - ours_before
             overhead.stock_update_s += time.perf_counter() - start - ours
             self._sample_overhead()
