@@ -137,11 +137,12 @@ class SchedulerConfig(_Section):
         "own bounds (prompt plus max_tokens) fit, if the bounds are tight; "
         '"vllm": vLLM\'s own admission (whenever the prompt fits).',
     )
-    admission_order: Literal["arrival", "reasoning-first", "chat-first"] = _field(
-        "arrival",
-        'Which waiting requests start first: "arrival": vLLM\'s order (first come, first '
-        'served); "reasoning-first": new reasoning requests before new chat requests; '
-        '"chat-first": new chat requests first. Preempted requests stay at the head.',
+    admission_order: Literal["chat-first", "arrival", "reasoning-first"] = _field(
+        "chat-first",
+        'Which waiting requests start first: "chat-first": new chat requests (no reasoning '
+        "left: the shortest expected reasoning first) before new reasoning requests; "
+        '"arrival": vLLM\'s order (first come, first served); "reasoning-first": new reasoning '
+        "requests first. Preempted requests stay at the head; see admission_order_max_wait_s.",
     )
     admission_order_max_wait_s: PosFloat = _field(
         30.0,

@@ -37,6 +37,7 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -408,9 +409,9 @@ class MeridianScheduler(Scheduler):
                         request.next_decode_eligible_step, step + 1
                     )
                 if self.waiting:
-                    head = self.meridian_policy.reorder_waiting(
-                        self.waiting, list(itertools.islice(self.waiting, ADMISSION_CANDIDATES))
-                    )
+                    head = list(itertools.islice(self.waiting, ADMISSION_CANDIDATES))
+                    if isinstance(self.waiting, deque):  # FCFS; a priority queue keeps its order
+                        head = self.meridian_policy.reorder_waiting(self.waiting, head)
                     allowed = self.meridian_policy.admissions(
                         self.running, head, pool.num_gpu_blocks - 1
                     )
