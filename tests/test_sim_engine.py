@@ -302,6 +302,19 @@ def test_vllm_priority_admits_chat_before_reasoning() -> None:
     assert first_fcfs["think"] < first_fcfs["chat"]
 
 
+def test_meridian_starts_chat_first_and_pascal_in_arrival_order() -> None:
+    # Two arrivals at the same instant, room for one at a time. Meridian's default admission
+    # order takes the chat request first; Pascal keeps vLLM's order (it gates no admission).
+    specs = [
+        RequestSpec("think", 0, 40, 50, 10, RequestKind.REASONING),
+        RequestSpec("chat", 0, 40, 0, 10, RequestKind.CHAT),
+    ]
+    for policy, first in (("meridian-sched", "chat"), ("pascal", "think")):
+        _, result = run(policy, specs, blocks=400, seqs=1)
+        started = min(result.records, key=lambda r: r.first_token_ns or 0)
+        assert started.request_id == first, policy
+
+
 def test_a_request_larger_than_the_cache_is_a_clear_error() -> None:
     specs = [RequestSpec("huge", 0, 10_000, 0, 10, RequestKind.CHAT)]
     with pytest.raises(SimulationError, match="needs 10010 tokens of KV but the whole cache"):

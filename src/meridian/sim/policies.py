@@ -135,11 +135,14 @@ class PascalPolicy(MeridianPolicy):
     Not rendered: round robin with a 500-token quantum inside each class (vLLM preempts by
     recompute, so time-slicing by preemption would recompute where Pascal swaps; FCFS is kept
     within each class) and Pascal's multi-instance placement and migration. Admission is
-    vLLM's own (Pascal does not gate it).
+    vLLM's own, in vLLM's order (Pascal does not gate it).
     """
 
     def admissions(self, running: Sequence[R], waiting: Sequence[R], num_blocks: int) -> None:
         return None
+
+    def waiting_order(self, waiting: Sequence[R]) -> None:
+        return None  # vLLM's order: Pascal gates nothing at admission
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         self.stats.num_plans += 1
