@@ -6,6 +6,8 @@ The same object runs inside vLLM's scheduler (tests/vllm_e2e) and the fast engin
 
 from __future__ import annotations
 
+import collections
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -360,6 +362,41 @@ def test_the_listener_hears_first_answers_and_answer_gaps_on_the_clock() -> None
     assert listener.gaps == [(0.5, 1), (0.25, 2), (1.25, 1)]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sets(st.integers(0, 5)), min_size=1, max_size=30), st.sets(st.integers(0, 29)))
+def test_answer_gaps_match_each_streams_own_token_steps(
+    served: list[set[int]], quiet: set[int]
+) -> None:
+    # Six answer streams; at step s + 1 the streams in served[s] get a token, except on quiet
+    # steps, where the engine delivers none (no observe_many call at all). Whatever the pattern,
+    # the gaps reported are each stream's own steps between two answer tokens.
+    listener, clock = Recording(), Clock()
+    policy = make_policy(listener=listener, clock=clock)
+    steps: dict[str, list[int]] = {f"c{i}": [] for i in range(6)}
+    for rid in steps:
+        policy.track(rid, PLAIN_PROMPT)
+    for s, who in enumerate(served):
+        step = s + 1
+        if s in quiet or not who:
+            continue
+        clock.now = float(step)
+        policy.observe_many({f"c{i}": [9] for i in sorted(who)}, step)
+        for i in who:
+            steps[f"c{i}"].append(step)
+    gaps = [b - a for stamps in steps.values() for a, b in itertools.pairwise(stamps)]
+    stats = policy.stats
+    assert stats.max_answer_gap_steps == max(gaps, default=0)
+    assert stats.num_answer_gaps_over_2 == sum(g > 2 for g in gaps)
+    heard = collections.Counter()
+    for seconds, count in listener.gaps:
+        heard[round(seconds)] += count
+    assert heard == collections.Counter(gaps)
+    for rid in steps:
+        policy.untrack(rid)
+    policy.check_integrity()
+    assert not policy._served and not policy._answered
+
+
 def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
     clock = Clock()
     policy = make_policy(output_budget="auto", clock=clock)
@@ -569,6 +606,26 @@ def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for(
     assert policy.admissions([r], waiting, 400) == 5
     assert policy.stats.num_admissions_held == 2
     assert make_policy(admission="vllm").admissions([], waiting, 40) is None
+
+
+def test_requests_that_fit_at_their_bounds_start_whatever_the_projection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Finished requests were 40 tokens long: the projection holds 5 newcomers to 3 in 40 blocks
+    # (the test above). Newcomers that may generate at most 4 tokens hold at most 2 blocks of 4
+    # each: 5 of them and a running one fit 40 blocks at their bounds, so all start.
+    monkeypatch.setattr(policy_module, "MIN_REQUESTS_IN_CACHE", 1)
+    policy = make_policy(admission="headroom")  # block size 4
+    _teach(policy, MIN_SAMPLES, 40)
+    short = [FakeRequest(f"s{i}", PLAIN_PROMPT, max_tokens=4) for i in range(5)]
+    running = [FakeRequest("r", PLAIN_PROMPT, max_tokens=4)]
+    assert policy.admissions(running, short, 40) == 5
+    assert policy.stats.num_admissions_held == 0
+    # One block fewer than their bounds need together (6 x 2 = 12): the projection decides.
+    assert policy.admissions(running, short, 11) == 0
+    loose = [FakeRequest(f"l{i}", PLAIN_PROMPT, max_tokens=40) for i in range(5)]
+    assert policy.admissions([], loose, 40) == 3
+    assert policy.stats.num_admissions_held == 2
 
 
 def test_bounds_admit_before_the_length_model_and_never_overcommit() -> None:

@@ -40,7 +40,7 @@ import itertools
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -263,6 +263,18 @@ def _bounds(requests: Sequence[EngineRequest]) -> tuple[IntArray, IntArray]:
     return tokens, bounds
 
 
+def _bounds_fit(requests: Iterable[EngineRequest], num_blocks: int, block_size: int) -> bool:
+    """Whether ``requests`` fit in ``num_blocks`` together, each at its bound (prompt plus
+    ``max_tokens``): then admitting them can never leave one short of KV. Stops at the first
+    request past the cache (under load, with loose bounds, after a few)."""
+    left = num_blocks
+    for request in requests:
+        left -= -(-(request.num_prompt_tokens + request.max_tokens) // block_size)
+        if left < 0:
+            return False
+    return True
+
+
 def _reasoned(st: RequestPhaseState) -> bool:
     """The request had a think phase (it thought, or at least opened and closed one)."""
     return st.num_think_tokens > 0 or st.num_marker_tokens > 0
@@ -328,7 +340,10 @@ class MeridianPolicy:
         self._bounded = False
         self.stats = PolicyStats()
         self._states: dict[str, RequestState] = {}
-        # The step of each answer stream's latest answer token (answer gaps).
+        # Answer gaps. The answer streams served at step _served_step (the last observed), and
+        # the step of the latest answer token of every other stream that has answered.
+        self._served: set[str] = set()
+        self._served_step = -1
         self._answered: dict[str, int] = {}
         # The output budget: measured ("auto"), fixed rows, or None (the whole batch).
         self.output_budget: int | None = None if output_budget == "auto" else output_budget
@@ -430,6 +445,7 @@ class MeridianPolicy:
         self._queued.discard(request_id)
         self._partial.pop(request_id, None)
         self._states.pop(request_id, None)
+        self._served.discard(request_id)
         self._answered.pop(request_id, None)
 
     def phase(self, request_id: str) -> Phase:
@@ -442,85 +458,90 @@ class MeridianPolicy:
 
     # -- tokens -----------------------------------------------------------------------------
 
-    def observe_many(self, batch: Iterable[tuple[str, Sequence[int]]], step: int) -> None:
-        """Account every ``(request id, new token ids)`` of one engine step.
+    def observe_many(
+        self, batch: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequence[int]]], step: int
+    ) -> None:
+        """Account the new tokens of one engine step: ``{request id: new token ids}`` (or the
+        ``(request id, new token ids)`` pairs).
 
-        The per-step hot path. An answer stream that got its previous token in the step before
-        costs one look-up (the common case); thinking requests go through the router in one
-        batch; only deltas that end a think phase, first tokens (PREFILL) and answer streams back
-        from a stall take the per-request path. Answer tokens are not fed to the router: a phase
-        never changes once a request answers. A request not tracked does not stop the others:
-        the batch is applied, then ``KeyError`` names it.
+        The per-step hot path. Answer streams that got their previous token in the step before
+        (the common case) are found with set operations, without a Python loop over them;
+        thinking requests go through the router in one batch; only deltas that end a think
+        phase, first tokens (PREFILL) and answer streams back from a stall take the per-request
+        path, in the batch's order. Answer tokens are not fed to the router: a phase never
+        changes once a request answers. A request not tracked does not stop the others: the
+        batch is applied, then ``KeyError`` names it.
         """
+        deltas = batch if isinstance(batch, dict) else dict(batch)
         prev = step - 1
-        answered = self._answered
         times = self._token_times
         if self._time_history:
             times[step] = self.clock()
             times.pop(step - self._time_history, None)
-        # The deltas beyond the common case, with their stream's last answer step (or None).
-        rest: list[tuple[str, Sequence[int], int | None]] = []
-        num_deltas = 0
-        last_answer = answered.get
-        for rid, toks in batch:
-            num_deltas += 1
-            last = last_answer(rid)
-            if last == prev:
-                answered[rid] = step
-            else:
-                rest.append((rid, toks, last))
-        hits = num_deltas - len(rest)
+        served, answered = self._served, self._answered
+        keys = deltas.keys()
+        hits = served & keys if self._served_step == prev else set()
+        if len(hits) != len(served):
+            # Streams served last time and not now stall: remember their last answer step.
+            last = self._served_step
+            for rid in served - hits:
+                answered[rid] = last
+        self._served, self._served_step = hits, step
         if hits:
             if not self.stats.max_answer_gap_steps:
                 self.stats.max_answer_gap_steps = 1
             if self.listener is not None and prev in times:
                 # Every stream served in both steps waited the same step time.
-                self.listener.answer_gaps(times[step] - times[prev], hits)
-        if rest:
-            self._observe_rest(rest, step)
+                self.listener.answer_gaps(times[step] - times[prev], len(hits))
+        if len(hits) != len(deltas):
+            rest = [rid for rid in deltas if rid not in hits] if hits else list(deltas)
+            self._observe_rest(rest, deltas, step)
 
-    def _observe_rest(self, rest: list[tuple[str, Sequence[int], int | None]], step: int) -> None:
-        """``observe_many`` beyond its common case: ``(request id, new tokens, its stream's last
-        answer step or None)``."""
+    def _observe_rest(
+        self, rest: list[str], deltas: Mapping[str, Sequence[int]], step: int
+    ) -> None:
+        """``observe_many`` beyond its common case: the ids in ``rest``, with their new tokens in
+        ``deltas``."""
         think, output = Phase.THINK, Phase.OUTPUT
         rids: list[str] = []
         thinking: list[RequestPhaseState] = []
-        deltas: list[Sequence[int]] = []
-        others: list[tuple[str, Sequence[int]]] = []
+        thinking_deltas: list[Sequence[int]] = []
+        others: list[str] = []
         unknown: list[str] = []
         stats, answered, states, times = self.stats, self._answered, self._states, self._token_times
-        listener = self.listener
-        for rid, toks, last in rest:
+        served, listener = self._served, self.listener
+        for rid in rest:
             state = states.get(rid)
             if state is None:
                 unknown.append(rid)
                 continue
             st = state.phase_state
+            last = answered.pop(rid, None)
             if last is not None:
                 # An answer stream after a gap of more than one step (a stall).
                 gap = step - last
                 stats.max_answer_gap_steps = max(stats.max_answer_gap_steps, gap)
                 stats.num_answer_gaps_over_2 += gap > 2
-                answered[rid] = step
+                served.add(rid)
                 if listener is not None and last in times:
                     listener.answer_gaps(times[step] - times[last], 1)
             elif st.phase is think:
                 rids.append(rid)
                 thinking.append(st)
-                deltas.append(toks)
+                thinking_deltas.append(deltas[rid])
                 if listener is not None and not st.num_generated_tokens:
                     listener.reasoning_started(rid)  # its first tokens, all reasoning
             elif st.phase is output:
                 # Its think phase ended with the previous delta; these are its first answers.
                 self._first_answer(rid, state, step)
             else:
-                others.append((rid, toks))
+                others.append(rid)
         if rids:
-            for i, events in enumerate(self.router.observe_states(thinking, deltas)):
+            for i, events in enumerate(self.router.observe_states(thinking, thinking_deltas)):
                 if events:
                     self._after_events(rids[i], events, step)
-        for rid, toks in others:
-            self._after_events(rid, self.router.observe(rid, toks), step)
+        for rid in others:
+            self._after_events(rid, self.router.observe(rid, deltas[rid]), step)
         if unknown:
             raise KeyError(f"tokens for requests Meridian does not track: {unknown}")
 
@@ -545,12 +566,19 @@ class MeridianPolicy:
             self.revision += 1
             if rid in self._queued:
                 self.queues.set_phase(rid, state.phase)
-        if state.phase_state.num_output_tokens and rid not in self._answered:
+        if state.phase_state.num_output_tokens and not self._has_answered(rid):
             # Its first answer tokens (a delta can end the think phase and start the answer).
             self._first_answer(rid, state, step)
 
+    def _has_answered(self, rid: str) -> bool:
+        return rid in self._served or rid in self._answered
+
+    def _last_answer_step(self, rid: str) -> int | None:
+        """The step of the answer stream's latest answer token (``None``: none yet)."""
+        return self._served_step if rid in self._served else self._answered.get(rid)
+
     def _first_answer(self, rid: str, state: RequestState, step: int) -> None:
-        self._answered[rid] = step
+        self._served.add(rid)  # called while observing `step`: _served holds that step's
         if self.listener is not None and _reasoned(state.phase_state):
             self.listener.first_answer(rid)
 
@@ -678,10 +706,10 @@ class MeridianPolicy:
         """Answer streams that can skip this step and still get their next token within the
         pace of their last one (it would come at the end of the next step: now + 2 steps)."""
         deadline = now + 2.0 * self._mean_step_s - self._answer_pace_s
-        answered, times = self._answered, self._token_times
+        last_answer, times = self._last_answer_step, self._token_times
         paced: list[R] = []
         for request in order:
-            last = answered.get(request.request_id)
+            last = last_answer(request.request_id)
             if last is not None:
                 t = times.get(last)
                 if (
@@ -894,11 +922,15 @@ class MeridianPolicy:
         :data:`~meridian.core.headroom.MIN_REQUESTS_IN_CACHE` finished requests' mean size.
         Before that, and in smaller caches: as many as keep every request's bound (prompt plus
         ``max_tokens``) within the cache, while the bounds are tight
-        (:func:`~meridian.core.headroom.bounded_admissible`).
+        (:func:`~meridian.core.headroom.bounded_admissible`). First of all, and cheaply: all
+        of them, when the running and waiting requests fit the cache together at their bounds
+        (no projection can then save a preemption, and none is built).
         """
         if self.admission != "headroom" or not waiting:
             return None
         lengths, bs = self.lengths, self.block_size
+        if _bounds_fit(itertools.chain(running, waiting), num_blocks, bs):
+            return len(waiting)  # all of them at their bounds fit: nothing to hold back
         count: int | None
         mean_size = lengths.mean_request_tokens
         if lengths.ready and num_blocks * bs >= MIN_REQUESTS_IN_CACHE * mean_size:
