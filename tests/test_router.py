@@ -564,10 +564,12 @@ def test_router_matches_reference_for_any_chunking(
 ) -> None:
     want = reference(model, prompt, stream)
     one_by_one, in_chunks, batched = PhaseRouter(), PhaseRouter(), PhaseRouter()
+    fast = PhaseRouter()  # observe_thinking first, observe for what it hands back
+    routers = (one_by_one, in_chunks, batched, fast)
     runs: list[list[PhaseEvent]] = []
-    for router in (one_by_one, in_chunks, batched):
+    for router in routers:
         runs.append(list(router.start("r", model, prompt)))
-    last = [router.phase("r") for router in (one_by_one, in_chunks, batched)]
+    last = [router.phase("r") for router in routers]
 
     def step(k: int, router: PhaseRouter, events: Sequence[PhaseEvent]) -> None:
         runs[k].extend(events)
@@ -581,8 +583,17 @@ def test_router_matches_reference_for_any_chunking(
     for chunk in chunked(stream, cuts):
         step(1, in_chunks, in_chunks.observe("r", chunk))
         step(2, batched, batched.observe_many(["r"], [chunk])[0])
+        before = fast.state("r").num_generated_tokens
+        left = fast.observe_thinking({"r": chunk, "skipped": [END]}, skip={"skipped"})
+        assert left in ([], ["r"])
+        if left:
+            assert fast.state("r").num_generated_tokens == before, "handed back, not applied"
+            step(3, fast, fast.observe("r", chunk))
+        else:
+            assert fast.state("r").phase is Phase.THINK and END not in chunk
+            step(3, fast, ())
 
-    for router, events in zip((one_by_one, in_chunks, batched), runs, strict=True):
+    for router, events in zip(routers, runs, strict=True):
         s = router.state("r")
         assert events == want.events
         assert (s.phase, s.num_think_tokens, s.num_output_tokens) == (

@@ -63,6 +63,31 @@ def test_scheduling_is_output_invariant(engine: Any, chat_prompt: Prompt) -> Non
     timed("invariance", start)
 
 
+def test_a_burst_is_tracked_at_the_next_step_and_an_early_abort_never(
+    engine: Any, chat_prompt: Prompt
+) -> None:
+    """Requests added between two steps are tracked together at the next ``schedule()`` (a
+    burst runs the tracking code once); one aborted before that step is never tracked and
+    leaves nothing behind. The two that ran are tracked to the end and teach their lengths."""
+    with engine(meridian=True) as llm:
+        scheduler, core = scheduler_of(llm), llm.llm_engine
+        policy = scheduler.meridian_policy
+        for i in range(3):
+            core.add_request(f"burst-{i}", chat_prompt(i, thinking=True), greedy(6))
+        assert policy.num_tracked == 0  # not yet: at the next step, together
+        core.abort_request(["burst-1"])
+        core.step()
+        assert policy.num_tracked == 2
+        running = [r.request_id for r in scheduler.running]
+        assert len(running) == 2 and all(policy.phase(rid) is Phase.THINK for rid in running)
+        while core.has_unfinished_requests():
+            core.step()
+        assert scheduler.meridian_overhead.policy_errors == 0
+        assert scheduler.meridian_num_tracked == 0
+        assert policy.lengths.mean_request_tokens > 0 and len(policy.lengths._sizes) == 2
+        policy.check_integrity()
+
+
 def test_forcing_at_the_budget(engine: Any, chat_prompt: Prompt, end_id: int) -> None:
     """A small meridian_max_think_tokens puts </think> exactly at that index; the tokens before
     it are the model's own; forcing off injects nothing; the counters agree."""

@@ -379,6 +379,9 @@ class MeridianPolicy:
         self._moot = False
         # Running requests with more than one token to compute, by id (_order_is_moot).
         self._partial: dict[str, EngineRequest] = {}
+        # The running set's size when _order_is_moot last found the order moot with no partial
+        # request (-1: not so). While nothing changes, the same size gives the same answer.
+        self._moot_size = -1
         # Bumped whenever a gauge an adapter publishes may change (tracked count, queue depths,
         # batch sizes): tracking, phase changes, preemptions, new plans.
         self.revision = 0
@@ -398,11 +401,13 @@ class MeridianPolicy:
         prompt_token_ids: Sequence[int] | None,
         output_token_ids: Sequence[int] = (),
         budget: RequestBudget | None = None,
+        tracked_at: float | None = None,
     ) -> None:
         """Start tracking a new request: its initial phase from its prompt's tail.
 
         ``budget`` (the request's knobs) only tells which think length a hard-cap force ends
-        at, for the inferred-force counter.
+        at, for the inferred-force counter. ``tracked_at``: when it was added, on the policy's
+        clock (its wait for admission counts from there); ``None``: now.
         """
         events = self.router.start(request_id, self.model, prompt_token_ids or ())
         if self.listener is not None:
@@ -420,7 +425,13 @@ class MeridianPolicy:
             self.router.state(request_id),
             cap,
             len(prompt_token_ids or ()),
-            tracked_at=self.clock() if self._reasoning_first is not None else 0.0,
+            tracked_at=(
+                0.0
+                if self._reasoning_first is None
+                else self.clock()
+                if tracked_at is None
+                else tracked_at
+            ),
         )
         self.revision += 1
         if output_token_ids:
@@ -466,11 +477,11 @@ class MeridianPolicy:
 
         The per-step hot path. Answer streams that got their previous token in the step before
         (the common case) are found with set operations, without a Python loop over them;
-        thinking requests go through the router in one batch; only deltas that end a think
-        phase, first tokens (PREFILL) and answer streams back from a stall take the per-request
-        path, in the batch's order. Answer tokens are not fed to the router: a phase never
-        changes once a request answers. A request not tracked does not stop the others: the
-        batch is applied, then ``KeyError`` names it.
+        thinking requests' deltas go through the router's batched fast path in one pass; only
+        deltas that may end a think phase, first tokens and answer streams back from a stall
+        take the per-request path, in the batch's order. Answer tokens are not fed to the
+        router: a phase never changes once a request answers. A request not tracked does not
+        stop the others: the batch is applied, then ``KeyError`` names it.
         """
         deltas = batch if isinstance(batch, dict) else dict(batch)
         prev = step - 1
@@ -494,8 +505,11 @@ class MeridianPolicy:
                 # Every stream served in both steps waited the same step time.
                 self.listener.answer_gaps(times[step] - times[prev], len(hits))
         if len(hits) != len(deltas):
-            rest = [rid for rid in deltas if rid not in hits] if hits else list(deltas)
-            self._observe_rest(rest, deltas, step)
+            # Thinking requests' deltas without a boundary are counted in one pass; the rest
+            # (boundaries, first tokens, answer streams back from a stall) one by one.
+            rest = self.router.observe_thinking(deltas, hits)
+            if rest:
+                self._observe_rest(rest, deltas, step)
 
     def _observe_rest(
         self, rest: list[str], deltas: Mapping[str, Sequence[int]], step: int
@@ -669,7 +683,8 @@ class MeridianPolicy:
         (``stats.num_reordered_steps`` counts the others).
         """
         now_time = self.clock()
-        self._sample_step_time(now_time)
+        if self._timed_step is not None:
+            self._sample_step_time(now_time)
         if self._answer_pace_s:
             if not self._idle:
                 dt = now_time - self._plan_time
@@ -686,14 +701,20 @@ class MeridianPolicy:
                 len(running) > len(self._last_ids) or running[-1].request_id not in self._last_ids
             )
             changed = newcomer or self._dirty or self._deferring or step >= self._next_guard_expiry
-            if changed or self._moot:
+            if not changed and self._moot_size == len(running) <= num_free_blocks:
+                # The steady state: the same running set, none of them with more than one token
+                # to compute, and a block for each; the order stays moot (_order_is_moot).
+                self.stats.num_engine_order_steps += 1
+            elif changed or self._moot:
                 if self._order_is_moot(running, num_free_blocks, newcomer or not self._moot):
                     self.stats.num_engine_order_steps += 1
                     if changed:
                         self._keep_engine_order(running, step, newcomer)
+                    self._moot_size = -1 if self._partial else len(running)
                 else:
                     order, skip = self._full_order(running, step)
-        held = self._hold_answers(order, num_free_blocks)
+                    self._moot_size = -1
+        held = self._hold_answers(order, num_free_blocks) if num_free_blocks < len(order) else []
         if held:
             skip = skip + held if skip else held
         if self._answer_pace_s and len(order) > 1:

@@ -56,7 +56,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -181,6 +181,17 @@ def _contains(seq: Sequence[int], needle: tuple[int, ...]) -> bool:
         if all(i + j < len(hay) and hay[i + j] == needle[j] for j in range(1, k)):
             return True
         i += 1
+
+
+def _no_think_end(st: RequestPhaseState, toks: Sequence[int]) -> bool:
+    """Whether ``toks``, the next tokens of a THINK request, can neither complete ``think_end``
+    nor leave it partly matched: the hot paths' test (no event, only counting)."""
+    end = st.model._end
+    single = end.single
+    if single != _MULTI:
+        return single not in toks
+    # No partial match pending and no marker token: cannot complete here.
+    return st.marker_progress == 0 and end.alphabet.isdisjoint(toks)
 
 
 def _check_ids(name: str, ids: tuple[int, ...]) -> None:
@@ -433,22 +444,48 @@ class PhaseRouter:
                 st.num_generated_tokens += n
                 append(_NO_EVENTS)
                 continue
-            if phase is think:
-                end = st.model._end
-                single = end.single
-                if (
-                    single not in toks
-                    if single != _MULTI
-                    # No partial match pending and no marker token: cannot complete here.
-                    else st.marker_progress == 0 and end.alphabet.isdisjoint(toks)
-                ) and (st.num_generated_tokens or not toks or toks[0] != st.model._start.single):
-                    n = len(toks)
-                    st.num_think_tokens += n
-                    st.num_generated_tokens += n
-                    append(_NO_EVENTS)
-                    continue
+            if (
+                phase is think
+                and _no_think_end(st, toks)
+                and (st.num_generated_tokens or not toks or toks[0] != st.model._start.single)
+            ):
+                n = len(toks)
+                st.num_think_tokens += n
+                st.num_generated_tokens += n
+                append(_NO_EVENTS)
+                continue
             append(self._feed(st, toks))
         return out
+
+    def observe_thinking(
+        self, deltas: Mapping[str, Sequence[int]], skip: Container[str] = ()
+    ) -> list[str]:
+        """The batched fast path for thinking requests: ``deltas`` maps request ids to new
+        tokens. Every request in THINK past its first delta whose tokens can neither complete
+        ``think_end`` nor continue a partial match (no event possible) is counted here; the
+        others (and the ids in ``skip``: left alone) are returned in ``deltas``' order, not yet
+        applied: for :meth:`observe`/:meth:`observe_states`. Unknown ids are returned too."""
+        get = self._states.get
+        now = self._clock()
+        think = Phase.THINK
+        others: list[str] = []
+        for rid, toks in deltas.items():
+            if rid in skip:
+                continue
+            st = get(rid)
+            if (
+                st is not None
+                and st.phase is think
+                and st.num_generated_tokens
+                and _no_think_end(st, toks)
+            ):
+                n = len(toks)
+                st.num_think_tokens += n
+                st.num_generated_tokens += n
+                st.last_seen = now
+                continue
+            others.append(rid)
+        return others
 
     def _feed(self, st: RequestPhaseState, toks: Sequence[int]) -> Sequence[PhaseEvent]:
         """Advance ``st`` over ``toks``; the single implementation of the phase rules."""

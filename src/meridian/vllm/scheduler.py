@@ -9,8 +9,9 @@ holds all the logic, the async one only mixes in ``AsyncScheduler``.
 Every decision is :class:`~meridian.core.policy.MeridianPolicy`'s, the same object the simulator
 drives; this class only connects it to a few narrow vLLM hooks and never copies ``schedule()``:
 
-- ``add_request`` / ``_free_request``: the policy starts / stops tracking the request (every
-  finished or aborted request passes through ``_free_request``);
+- ``add_request`` / ``_free_request``: the policy starts (in a batch, at the next
+  ``schedule``) / stops tracking the request (every finished or aborted request passes through
+  ``_free_request``);
 - ``schedule``: before ``super().schedule()``, ``self.running`` is set to the plan's order
   (vLLM serves it from the front and its FCFS preemption takes ``running[-1]``, the policy's
   first-choice victim) and the plan's skipped requests get ``next_decode_eligible_step``;
@@ -310,6 +311,9 @@ class MeridianScheduler(Scheduler):
         self._kv_block_bytes = capacity // max(1, kv_config.num_blocks)
         self.meridian_metrics.set_kv_capacity_bytes(capacity)
         self._logged_errors: set[tuple[str, str]] = set()
+        # Requests added since the last step, not yet tracked (_track_new), with the policy's
+        # clock when each was added.
+        self._new_requests: dict[str, tuple[Any, float]] = {}
         # Requests freed inside update_from_output, untracked once the step's tokens are
         # observed (None: outside update_from_output, a freed request is untracked at once).
         self._freed: list[Any] | None = None
@@ -358,10 +362,12 @@ class MeridianScheduler(Scheduler):
     @property
     def meridian_num_tracked(self) -> int:
         """Requests Meridian tracks (0 when the engine is idle)."""
+        self._track_new()
         return self.meridian_policy.num_tracked
 
     def meridian_phase(self, request_id: str) -> Phase:
         """The phase Meridian tracks for a live request."""
+        self._track_new()
         return self.meridian_policy.phase(request_id)
 
     # -- vLLM hooks -----------------------------------------------------------------------
@@ -375,27 +381,47 @@ class MeridianScheduler(Scheduler):
             }
         super().add_request(request)
         if is_new:
-            with self._guarded("add_request", request.request_id):
+            # Tracked in a batch at the next schedule() (_track_new), on the clock of now.
+            start = time.perf_counter()
+            self._new_requests[request.request_id] = (request, self.meridian_policy.clock())
+            self.meridian_overhead.update_overhead_s += time.perf_counter() - start
+
+    def _track_new(self) -> None:
+        """The policy starts tracking the requests added since the last step, in one batch (a
+        burst of arrivals then runs the tracking code once, hot, not once per request)."""
+        new = self._new_requests
+        if not new:
+            return
+        self._new_requests = {}
+        track = self.meridian_policy.track
+        with self._guarded("add_request"):
+            for rid, (request, added_at) in new.items():
                 try:
-                    params = request.sampling_params
-                    budget = parse_request_budget(getattr(params, "extra_args", None))
+                    budget = parse_request_budget(
+                        getattr(request.sampling_params, "extra_args", None)
+                    )
                 except ValueError:
                     # The logits processor rejects such requests at admission; here the knob
                     # only feeds the inferred-force counter, so a bad value is simply not used.
                     budget = None
-                self.meridian_policy.track(
-                    request.request_id,
-                    request.prompt_token_ids,
-                    request.output_token_ids,
-                    budget,
-                )
+                try:
+                    track(
+                        rid,
+                        request.prompt_token_ids,
+                        request.output_token_ids,
+                        budget,
+                        tracked_at=added_at,
+                    )
+                except Exception as exc:  # fail open for this request, track the others
+                    self._policy_error("add_request", exc, rid)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._track_new()  # timed as update-side overhead, like the tracking it batches
         overhead = self.meridian_overhead
         start = time.perf_counter()
         active_cap = self.max_num_active_reqs
         if self.meridian_reorders:
-            with self._guarded("schedule", timed=False):
+            try:  # fail open (as _guarded, without its object on this per-step path)
                 pool = self.kv_cache_manager.block_pool
                 step = self.current_step + 1  # schedule() increments current_step first
                 plan = self.meridian_policy.plan(self.running, step, pool.get_num_free_blocks())
@@ -416,6 +442,8 @@ class MeridianScheduler(Scheduler):
                     if allowed is not None:
                         # vLLM admits while len(running) < max_num_active_reqs: for this call.
                         self.max_num_active_reqs = min(active_cap, len(self.running) + allowed)
+            except Exception as exc:
+                self._policy_error("schedule", exc)
         self._publish_gauges()
         overhead.num_steps += 1
         stock_start = time.perf_counter()
@@ -453,8 +481,8 @@ class MeridianScheduler(Scheduler):
         finally:
             self._observe_step(outputs)
             freed, self._freed = self._freed, None
-            for request in freed:
-                self._untrack(request)
+            if freed:
+                self._untrack(*freed)
             if not self.has_unfinished_requests():
                 idle = time.perf_counter()
                 self.meridian_policy.on_idle()  # idle until the next request: no step time
@@ -471,7 +499,8 @@ class MeridianScheduler(Scheduler):
         vLLM's msgspec structs costs twice as much.)"""
         if not outputs:
             return
-        with self._guarded("update_from_output"):
+        start = time.perf_counter()
+        try:  # fail open (as _guarded, without its object on this per-step path)
             deltas = {
                 out.request_id: out.new_token_ids
                 for client in outputs.values()
@@ -480,6 +509,10 @@ class MeridianScheduler(Scheduler):
             }
             if deltas:
                 self.meridian_policy.observe_many(deltas, self.current_step)
+        except Exception as exc:
+            self._policy_error("update_from_output", exc)
+        finally:
+            self.meridian_overhead.update_overhead_s += time.perf_counter() - start
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
         with self._guarded("preempt_request", request.request_id):
@@ -489,7 +522,9 @@ class MeridianScheduler(Scheduler):
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         result = super()._free_request(request, *args, **kwargs)
-        if self._freed is not None:
+        if self._new_requests.pop(request.request_id, None) is not None:
+            pass  # aborted before its first step: never tracked
+        elif self._freed is not None:
             # Finished inside update_from_output: its last tokens are in the step's batch, which
             # is observed once, after every request of the step (update_from_output).
             self._freed.append(request)
@@ -497,15 +532,19 @@ class MeridianScheduler(Scheduler):
             self._untrack(request)
         return result
 
-    def _untrack(self, request: Any) -> None:
-        """The policy stops tracking a freed request (its tokens counted, its length learned)."""
-        with self._guarded("free_request", request.request_id):
-            self._count_tokens(request, done=True)
-            # What a completed request generated teaches headroom admission; an aborted one not.
-            completed = request.status in _COMPLETED
-            self.meridian_policy.untrack(
-                request.request_id, request.num_output_tokens if completed else None
-            )
+    def _untrack(self, *requests: Any) -> None:
+        """The policy stops tracking freed requests (their tokens counted, their lengths
+        learned); one timed block for all of them, an error in one does not stop the others."""
+        untrack, count = self.meridian_policy.untrack, self._count_tokens
+        with self._guarded("free_request"):
+            for request in requests:
+                try:
+                    count(request, done=True)
+                    # A completed request's length teaches headroom admission; an aborted not.
+                    completed = request.status in _COMPLETED
+                    untrack(request.request_id, request.num_output_tokens if completed else None)
+                except Exception as exc:
+                    self._policy_error("free_request", exc, request.request_id)
 
     def _sample_overhead(self) -> None:
         """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches (and
