@@ -150,7 +150,7 @@ def _ends_with(seq: Sequence[int], end: int, marker: tuple[int, ...]) -> bool:
     k = len(marker)
     if end < k:
         return False
-    return all(seq[end - k + i] == marker[i] for i in range(k))
+    return tuple(seq[end - k : end]) == marker
 
 
 def _ends_with_marker(
