@@ -491,7 +491,12 @@ class MeridianPolicy:
             times.pop(step - self._time_history, None)
         served, answered = self._served, self._answered
         keys = deltas.keys()
-        hits = served & keys if self._served_step == prev else set()
+        if self._served_step != prev:
+            hits: set[str] = set()
+        elif len(served) == len(keys) and served == keys:
+            hits = served  # the steady state: the same streams again, nothing else (no new set)
+        else:
+            hits = served & keys
         if len(hits) != len(served):
             # Streams served last time and not now stall: remember their last answer step.
             last = self._served_step
