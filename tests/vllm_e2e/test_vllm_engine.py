@@ -88,6 +88,33 @@ def test_a_burst_is_tracked_at_the_next_step_and_an_early_abort_never(
         policy.check_integrity()
 
 
+def test_a_tracking_error_fails_open_for_that_request_only(
+    engine: Any, chat_prompt: Prompt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception while tracking one request of a batch is a policy error for that request;
+    the others of the batch are tracked, and every request runs to its end."""
+    with engine(meridian=True) as llm:
+        scheduler, core = scheduler_of(llm), llm.llm_engine
+        policy = scheduler.meridian_policy
+        track = policy.track
+
+        def failing(request_id: str, *args: Any, **kwargs: Any) -> None:
+            if request_id.startswith("bad"):
+                raise RuntimeError("tracking failed")
+            track(request_id, *args, **kwargs)
+
+        monkeypatch.setattr(policy, "track", failing)
+        for rid in ("bad-0", "ok-1"):
+            core.add_request(rid, chat_prompt(0, thinking=False), greedy(6))
+        finished = set()
+        while core.has_unfinished_requests():
+            finished.update(out.request_id for out in core.step() if out.finished)
+        assert finished == {"bad-0", "ok-1"}
+        assert scheduler.meridian_overhead.policy_errors >= 1
+        assert scheduler.meridian_num_tracked == 0
+        assert len(policy.lengths._sizes) == 1  # ok-1 was tracked to its end
+
+
 def test_forcing_at_the_budget(engine: Any, chat_prompt: Prompt, end_id: int) -> None:
     """A small meridian_max_think_tokens puts </think> exactly at that index; the tokens before
     it are the model's own; forcing off injects nothing; the counters agree."""

@@ -597,7 +597,7 @@ class MeridianPolicy:
         return self._served_step if rid in self._served else self._answered.get(rid)
 
     def _first_answer(self, rid: str, state: RequestState, step: int) -> None:
-        self._served.add(rid)  # called while observing `step`: _served holds that step's
+        self._served.add(rid)  # called while observing `step`: _served holds that step's streams
         if self.listener is not None and _reasoned(state.phase_state):
             self.listener.first_answer(rid)
 

@@ -463,8 +463,9 @@ class PhaseRouter:
         """The batched fast path for thinking requests: ``deltas`` maps request ids to new
         tokens. Every request in THINK past its first delta whose tokens can neither complete
         ``think_end`` nor continue a partial match (no event possible) is counted here; the
-        others (and the ids in ``skip``: left alone) are returned in ``deltas``' order, not yet
-        applied: for :meth:`observe`/:meth:`observe_states`. Unknown ids are returned too."""
+        others are returned in ``deltas``' order, not yet applied (for :meth:`observe` or
+        :meth:`observe_states`), unknown ids included. Ids in ``skip`` are neither counted nor
+        returned."""
         get = self._states.get
         now = self._clock()
         think = Phase.THINK

@@ -396,15 +396,15 @@ class MeridianScheduler(Scheduler):
         track = self.meridian_policy.track
         with self._guarded("add_request"):
             for rid, (request, added_at) in new.items():
-                try:
-                    budget = parse_request_budget(
-                        getattr(request.sampling_params, "extra_args", None)
-                    )
-                except ValueError:
-                    # The logits processor rejects such requests at admission; here the knob
-                    # only feeds the inferred-force counter, so a bad value is simply not used.
-                    budget = None
-                try:
+                try:  # fail open for this request, track the others
+                    try:
+                        budget = parse_request_budget(
+                            getattr(request.sampling_params, "extra_args", None)
+                        )
+                    except ValueError:
+                        # The logits processor rejects such requests at admission; here the
+                        # knob only feeds the inferred-force counter: a bad value is not used.
+                        budget = None
                     track(
                         rid,
                         request.prompt_token_ids,
@@ -412,7 +412,7 @@ class MeridianScheduler(Scheduler):
                         budget,
                         tracked_at=added_at,
                     )
-                except Exception as exc:  # fail open for this request, track the others
+                except Exception as exc:
                     self._policy_error("add_request", exc, rid)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
