@@ -363,13 +363,18 @@ def test_the_listener_hears_first_answers_and_answer_gaps_on_the_clock() -> None
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sets(st.integers(0, 5)), min_size=1, max_size=30), st.sets(st.integers(0, 29)))
+@given(
+    st.lists(st.sets(st.integers(0, 5)), min_size=1, max_size=30),
+    st.sets(st.integers(0, 29)),
+    st.booleans(),
+)
 def test_answer_gaps_match_each_streams_own_token_steps(
-    served: list[set[int]], quiet: set[int]
+    served: list[set[int]], quiet: set[int], steady_first: bool
 ) -> None:
     # Six answer streams; at step s + 1 the streams in served[s] get a token, except on quiet
     # steps, where the engine delivers none (no observe_many call at all). Whatever the pattern,
-    # the gaps reported are each stream's own steps between two answer tokens.
+    # the gaps reported are each stream's own steps between two answer tokens; the same when
+    # each step goes to observe_steady first, as vLLM's adapter does (observe_many if refused).
     listener, clock = Recording(), Clock()
     policy = make_policy(listener=listener, clock=clock)
     steps: dict[str, list[int]] = {f"c{i}": [] for i in range(6)}
@@ -380,7 +385,9 @@ def test_answer_gaps_match_each_streams_own_token_steps(
         if s in quiet or not who:
             continue
         clock.now = float(step)
-        policy.observe_many({f"c{i}": [9] for i in sorted(who)}, step)
+        ids = [f"c{i}" for i in sorted(who)]
+        if not (steady_first and policy.observe_steady(ids, step)):
+            policy.observe_many({rid: [9] for rid in ids}, step)
         for i in who:
             steps[f"c{i}"].append(step)
     gaps = [b - a for stamps in steps.values() for a, b in itertools.pairwise(stamps)]

@@ -344,6 +344,9 @@ class MeridianPolicy:
         # the step of the latest answer token of every other stream that has answered.
         self._served: set[str] = set()
         self._served_step = -1
+        # _served as the engine listed it at the last observe_steady, while still exactly it
+        # (None once _served changes): comparing lists costs no set look-ups in cold memory.
+        self._served_ids: Sequence[str] | None = None
         self._answered: dict[str, int] = {}
         # The output budget: measured ("auto"), fixed rows, or None (the whole batch).
         self.output_budget: int | None = None if output_budget == "auto" else output_budget
@@ -457,6 +460,7 @@ class MeridianPolicy:
         self._partial.pop(request_id, None)
         self._states.pop(request_id, None)
         self._served.discard(request_id)
+        self._served_ids = None
         self._answered.pop(request_id, None)
 
     def phase(self, request_id: str) -> Phase:
@@ -484,14 +488,10 @@ class MeridianPolicy:
         stop the others: the batch is applied, then ``KeyError`` names it.
         """
         deltas = batch if isinstance(batch, dict) else dict(batch)
-        prev = step - 1
-        times = self._token_times
-        if self._time_history:
-            times[step] = self.clock()
-            times.pop(step - self._time_history, None)
         served, answered = self._served, self._answered
+        self._served_ids = None
         keys = deltas.keys()
-        if self._served_step != prev:
+        if self._served_step != step - 1:
             hits: set[str] = set()
         elif len(served) == len(keys) and served == keys:
             hits = served  # the steady state: the same streams again, nothing else (no new set)
@@ -502,19 +502,47 @@ class MeridianPolicy:
             last = self._served_step
             for rid in served - hits:
                 answered[rid] = last
-        self._served, self._served_step = hits, step
-        if hits:
-            if not self.stats.max_answer_gap_steps:
-                self.stats.max_answer_gap_steps = 1
-            if self.listener is not None and prev in times:
-                # Every stream served in both steps waited the same step time.
-                self.listener.answer_gaps(times[step] - times[prev], len(hits))
+        self._served = hits
+        self._served_again(step, len(hits))
         if len(hits) != len(deltas):
             # Thinking requests' deltas without a boundary are counted in one pass; the rest
             # (boundaries, first tokens, answer streams back from a stall) one by one.
             rest = self.router.observe_thinking(deltas, hits)
             if rest:
                 self._observe_rest(rest, deltas, step)
+
+    def observe_steady(self, request_ids: Sequence[str], step: int) -> bool:
+        """The common step, checked and accounted at the cost of one set look-up per request:
+        when ``request_ids`` (the requests that got tokens at ``step``, each once) are exactly
+        the answer streams served in the step before, account their tokens as
+        :meth:`observe_many` would and return True; otherwise change nothing and return False
+        (the caller then passes the step's tokens to :meth:`observe_many`). An adapter can so
+        skip building the ``{request id: new tokens}`` batch on most steps."""
+        served = self._served
+        if self._served_step != step - 1:
+            return False
+        if request_ids != self._served_ids:  # (the same list: a sweep of pointer compares)
+            if len(request_ids) != len(served) or not served.issuperset(request_ids):
+                return False
+            self._served_ids = request_ids
+        self._served_again(step, len(served))
+        return True
+
+    def _served_again(self, step: int, num_streams: int) -> None:
+        """Stamp ``step``'s time and count ``num_streams`` answer streams served in it and in
+        the step before (a gap of one step, the step's duration)."""
+        times = self._token_times
+        if self._time_history:
+            times[step] = self.clock()
+            times.pop(step - self._time_history, None)
+        self._served_step = step
+        if num_streams:
+            if not self.stats.max_answer_gap_steps:
+                self.stats.max_answer_gap_steps = 1
+            prev = step - 1
+            if self.listener is not None and prev in times:
+                # Every stream served in both steps waited the same step time.
+                self.listener.answer_gaps(times[step] - times[prev], num_streams)
 
     def _observe_rest(
         self, rest: list[str], deltas: Mapping[str, Sequence[int]], step: int

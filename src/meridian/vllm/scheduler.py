@@ -495,20 +495,31 @@ class MeridianScheduler(Scheduler):
     def _observe_step(self, outputs: dict[int, Any] | None) -> None:
         """Feed the step's new tokens to the policy in one batch, ``{request id: new token
         ids}``: those of the outputs ``update_from_output`` returns (``{client:
-        EngineCoreOutputs}``), after vLLM's stop checks. (A comprehension: ``attrgetter`` over
-        vLLM's msgspec structs costs twice as much.)"""
+        EngineCoreOutputs}``), after vLLM's stop checks; on the common step (the same answer
+        streams as the step before) only their ids (``observe_steady``). (Comprehensions:
+        ``attrgetter`` over vLLM's msgspec structs costs twice as much.)"""
         if not outputs:
             return
         start = time.perf_counter()
         try:  # fail open (as _guarded, without its object on this per-step path)
-            deltas = {
-                out.request_id: out.new_token_ids
-                for client in outputs.values()
-                for out in client.outputs
+            policy, step = self.meridian_policy, self.current_step
+            lists = [client.outputs for client in outputs.values()]
+            ids = [
+                out.request_id
+                for outs in lists
+                for out in outs
                 if out.new_token_ids  # not an output without tokens (an error, a pooling result)
-            }
-            if deltas:
-                self.meridian_policy.observe_many(deltas, self.current_step)
+            ]
+            if ids and not policy.observe_steady(ids, step):
+                policy.observe_many(
+                    {
+                        out.request_id: out.new_token_ids
+                        for outs in lists
+                        for out in outs
+                        if out.new_token_ids
+                    },
+                    step,
+                )
         except Exception as exc:
             self._policy_error("update_from_output", exc)
         finally:
