@@ -265,8 +265,10 @@ def _bounds(requests: Sequence[EngineRequest]) -> tuple[IntArray, IntArray]:
 
 def _bounds_fit(requests: Iterable[EngineRequest], num_blocks: int, block_size: int) -> bool:
     """Whether ``requests`` fit in ``num_blocks`` together, each at its bound (prompt plus
-    ``max_tokens``): then admitting them can never leave one short of KV. Stops at the first
-    request past the cache (under load, with loose bounds, after a few)."""
+    ``max_tokens``): then admitting them can never leave one short of KV. The plain sum, not
+    :func:`~meridian.core.headroom.bounded_peak` (tighter, but a pass over every request each
+    step): it stops at the first request past the cache (under load, with loose bounds, after
+    a few)."""
     left = num_blocks
     for request in requests:
         left -= -(-(request.num_prompt_tokens + request.max_tokens) // block_size)
@@ -412,6 +414,10 @@ class MeridianPolicy:
         at, for the inferred-force counter. ``tracked_at``: when it was added, on the policy's
         clock (its wait for admission counts from there); ``None``: now.
         """
+        if self._reasoning_first is None:
+            tracked_at = 0.0  # admission in the engine's order: the wait is never read
+        elif tracked_at is None:
+            tracked_at = self.clock()
         events = self.router.start(request_id, self.model, prompt_token_ids or ())
         if self.listener is not None:
             self.listener.request_started(request_id)
@@ -428,13 +434,7 @@ class MeridianPolicy:
             self.router.state(request_id),
             cap,
             len(prompt_token_ids or ()),
-            tracked_at=(
-                0.0
-                if self._reasoning_first is None
-                else self.clock()
-                if tracked_at is None
-                else tracked_at
-            ),
+            tracked_at=tracked_at,
         )
         self.revision += 1
         if output_token_ids:
@@ -491,12 +491,7 @@ class MeridianPolicy:
         served, answered = self._served, self._answered
         self._served_ids = None
         keys = deltas.keys()
-        if self._served_step != step - 1:
-            hits: set[str] = set()
-        elif len(served) == len(keys) and served == keys:
-            hits = served  # the steady state: the same streams again, nothing else (no new set)
-        else:
-            hits = served & keys
+        hits = served & keys if self._served_step == step - 1 else set()
         if len(hits) != len(served):
             # Streams served last time and not now stall: remember their last answer step.
             last = self._served_step
@@ -512,12 +507,11 @@ class MeridianPolicy:
                 self._observe_rest(rest, deltas, step)
 
     def observe_steady(self, request_ids: Sequence[str], step: int) -> bool:
-        """The common step, checked and accounted at the cost of one set look-up per request:
-        when ``request_ids`` (the requests that got tokens at ``step``, each once) are exactly
-        the answer streams served in the step before, account their tokens as
-        :meth:`observe_many` would and return True; otherwise change nothing and return False
-        (the caller then passes the step's tokens to :meth:`observe_many`). An adapter can so
-        skip building the ``{request id: new tokens}`` batch on most steps."""
+        """The common step, checked and accounted without a token batch: when
+        ``request_ids`` (the requests that got tokens at ``step``, each once) are exactly the
+        answer streams served in the step before, account their tokens as :meth:`observe_many`
+        would and return True; otherwise change nothing and return False (the caller then
+        passes the step's tokens to :meth:`observe_many`)."""
         served = self._served
         if self._served_step != step - 1:
             return False
