@@ -246,3 +246,28 @@ def test_a_request_with_no_signals_costs_no_entropy_work() -> None:
     for key, signals in (("all", Signals.ALL), ("none", Signals.NONE)):
         forcer.add(key, prompt=[9, 3], output=[], budget=RequestBudget(signals=signals))
     assert forcer.wants_entropy("all") and not forcer.wants_entropy("none")
+
+
+def test_a_request_back_with_its_output_view_resumes_its_probe() -> None:
+    """``ThinkForcer.resume``: the same live output view, holding every token seen, takes the
+    kept state back (tokens generated meanwhile are fed); another view, or one that lost
+    tokens, is refused and changes nothing."""
+    from meridian.core.forcing import ThinkForcer
+    from meridian.core.router import ReasoningModel
+
+    forcer = ThinkForcer(ReasoningModel(think_start=(3,), think_end=(4,)), policy())
+    out = [7, 7]
+    forcer.add("r", prompt=[9, 3], output=out, budget=None)
+    for h in (0.5, 0.5):
+        forcer.observe_entropy("r", h)
+    probe = forcer._rows["r"].probe
+    assert probe is not None and probe.num_tokens == 2
+    assert not forcer.resume("r", [7, 7])  # equal tokens, another view
+    assert not forcer.resume("gone", out)
+    out.append(7)
+    assert forcer.resume("r", out)
+    assert forcer._rows["r"].probe is probe and probe.num_tokens == 2
+    assert forcer.router.state("r").num_think_tokens == 3
+    del out[:]
+    assert not forcer.resume("r", out)  # tokens taken back: start afresh
+    forcer.check_integrity()

@@ -37,7 +37,9 @@ def test_eat_forcing_on_the_trained_reasoner(
 ) -> None:
     # The server in production's layout, engine core in its own process (conftest sets 0 for the
     # in-process engines; meridian_server sets 1 as here). With 0, EAT fired on 14 of 19 chains
-    # and later than its earliest stop in one run on a loaded machine.
+    # and later than its earliest stop in one run on a loaded machine: slow steps made the
+    # "auto" output budget defer thinking requests, and each return to vLLM's batch restarted
+    # the logits processor's probe (fixed: the processor keeps a removed row's state).
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     stop = SETTING.eat_fire_tokens()  # 47: the 6th sample of 8 tokens, </think> in token 48's place
     items = load_dataset(write_dataset(tmp_path / "sum.jsonl", problems(ITEMS, seed=777)))

@@ -144,7 +144,8 @@ def test_forcing_at_the_budget(engine: Any, chat_prompt: Prompt, end_id: int) ->
         inferred = scheduler.meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
         processor.forcer.check_integrity()
         # Finished requests leave the persistent batch at the next step: one more request
-        # flushes the previous batch, and only that request remains tracked.
+        # flushes the previous batch, and only that request remains tracked (vLLM dropped the
+        # others' output lists: their rows are not kept for a return).
         llm.generate([prompts[0]], greedy(2), use_tqdm=False)
         assert len(processor.forcer) == 1
     expected = 0
@@ -366,3 +367,45 @@ def test_multiprocess_layout(
         assert out.index(end_id) <= cap
     assert sum(out.index(end_id) == cap for cap, out in zip(caps, outputs, strict=True)) >= 2
     timed("multiprocess layout", start)
+
+
+def test_an_entropy_stop_keeps_its_history_through_deferrals(
+    engine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thinking request Meridian defers leaves vLLM's persistent batch for the step (the
+    runner drops unscheduled requests from it) and comes back: its EAT probe goes on where it
+    was. The trained reasoner is certain of every token, so EAT stops each chain on its 6th
+    sample of 8 tokens (think token 48's place), as in the entropy sweep, however often the
+    chain was deferred (a probe restarted at each return stopped such chains late)."""
+    from meridian.bench.reasoner_task import problems
+    from meridian.vllm.scheduler import ENV_OUTPUT_BUDGET_ROWS
+
+    config = tmp_path / "meridian.toml"
+    config.write_text(
+        "[scheduler]\nmin_think_tokens = 16\nmax_think_tokens = 1000\n"
+        "[entropy]\neat_probe_interval_tokens = 8\neat_min_distance = 5\nema_alpha = 0.2\n"
+    )
+    monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
+    # One answer row per step: thinking requests beyond the think limit wait, a step at a time.
+    monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "1")
+    model = Path(__file__).resolve().parents[2] / "models" / "sum-reasoner"
+    items = problems(12, seed=777, min_steps=20)  # 100 think tokens and more each
+    with engine(meridian=True, model=str(model)) as llm:
+        tok = llm.get_tokenizer()
+        prompts = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": p.prompt()}],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            for p in items
+        ]
+        params = SamplingParams(temperature=0.0, max_tokens=160)
+        outs = token_ids(llm.generate(prompts, params, use_tqdm=False))
+        stats = scheduler_of(llm).meridian_stats
+        forced = meridian_processor_of(llm).forcer.num_forced[ForceReason.CONVERGED]
+    end = tok.convert_tokens_to_ids("</think>")
+    think = [out.index(end) if end in out else -len(out) for out in outs]
+    assert stats.num_deferred >= len(items)  # the think limit really held requests back
+    assert forced == len(items)
+    assert all(47 <= n <= 48 for n in think), think

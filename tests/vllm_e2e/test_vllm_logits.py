@@ -77,7 +77,9 @@ def params(**extra: Any) -> Any:
 def step_v1(proc: MeridianLogitsProcessor, outputs: list[list[int]]) -> list[int | None]:
     """One step: apply on random logits, append each row's greedy choice; forced ids or None."""
     logits = torch.randn(len(outputs), VOCAB)
-    logits[:, END] = -50.0  # the model never ends thinking by itself here
+    # The model never ends thinking by itself here, nor opens it again (a generated think_start
+    # right after the prompt's is a marker, not a think token: a cap would be met one later).
+    logits[:, [START, END]] = -50.0
     out = proc.apply(logits)
     forced: list[int | None] = []
     for i, row in enumerate(out):
@@ -137,7 +139,7 @@ def test_v1_batch_moves_and_removals(tiny_runtime_env: Any) -> None:
     assert torch.isfinite(logits[0]).sum() == 1 and logits[0, END] == 0
     assert torch.isfinite(logits[1]).all()
     proc.update_state(BatchUpdate(batch_size=1, removed=[1], added=[], moved=[]))
-    assert len(proc.forcer) == 1
+    assert len(proc._keys) == 1 and len(proc._parked) == 1  # kept for its return
     # Preempted and re-added with its output so far: the phase is replayed.
     b.append(END)
     proc.update_state(BatchUpdate(batch_size=2, removed=[0], added=[], moved=[]))
@@ -152,6 +154,63 @@ def test_v1_batch_moves_and_removals(tiny_runtime_env: Any) -> None:
     key = next(iter(proc._keys.values()))
     assert proc.forcer.phase(key) is Phase.OUTPUT
     proc.forcer.check_integrity()
+
+
+def test_v1_a_row_back_in_the_batch_keeps_its_state(tiny_runtime_env: Any) -> None:
+    """vLLM's V1 runner drops a request it does not schedule from the batch and adds it back
+    with the same output list: its entropy probe goes on. An index freed and filled in one
+    update is not in ``removed``; a request back with another list starts afresh; a finished
+    request's row goes with vLLM's list, others beyond the bound (oldest first)."""
+    config = Path(os.environ["MERIDIAN_CONFIG"])
+    config.write_text(
+        config.read_text() + "[entropy]\neat_probe_interval_tokens = 1\neat_min_distance = 5\n"
+    )
+    proc = MeridianLogitsProcessor(tiny_runtime_env, torch.device("cpu"), False)
+
+    def update(size: int, removed: Any = (), added: Any = (), moved: Any = ()) -> None:
+        adds = [(index, params(), PROMPT, out) for index, out in added]
+        proc.update_state(BatchUpdate(size, list(removed), list(adds), list(moved)))
+
+    def samples(key: str) -> int:
+        probe = proc.forcer._rows[key].probe
+        assert probe is not None
+        return probe.num_eat_samples
+
+    a: list[int] = []
+    b: list[int] = []
+    update(2, added=[(0, a), (1, b)])
+    for _ in range(3):
+        step_v1(proc, [a, b])
+    key_a = proc._keys[0]
+    assert samples(key_a) == 3
+    # a is not scheduled: b moves down to its index; then a comes back at index 1 ...
+    update(1, removed=[0], moved=[(1, 0, MoveDirectionality.UNIDIRECTIONAL)])
+    step_v1(proc, [b])
+    update(2, added=[(1, a)])
+    assert proc._keys[1] == key_a  # the same state, its samples kept
+    step_v1(proc, [b, a])
+    assert samples(key_a) == 4
+    # ... and b's index is filled by a new request in the same update that drops b.
+    key_b = proc._keys[0]
+    update(2, added=[(0, [])])
+    assert proc._keys[0] not in (key_a, key_b) and key_b in proc.forcer
+    update(3, added=[(2, b)])
+    assert proc._keys[2] == key_b
+    # Back with another list (vLLM rebuilt it): a fresh state (the old one kept until dropped).
+    update(2, removed=[2])
+    update(3, added=[(2, list(b))])
+    assert proc._keys[2] != key_b
+    # A finished request: vLLM drops its state, and so its list (as the one added at index 0
+    # above, which nothing else holds): its row is not kept.
+    done = proc._keys[0]
+    update(2, removed=[0])
+    assert done not in proc.forcer and key_b in proc.forcer
+    # Requests vLLM still holds but does not add back: at most the bound stays kept.
+    proc._max_parked = 1
+    update(1, removed=[1])
+    assert key_a in proc.forcer and key_b not in proc.forcer
+    proc.forcer.check_integrity()
+    assert proc.core.num_errors == 0
 
 
 def test_v1_validate_params_rejects_bad_knobs() -> None:
@@ -197,7 +256,7 @@ def test_v2_forces_from_device_token_history(tiny_runtime_env: Any) -> None:
             input_ids=torch.tensor([tokens[-1]]),
         )
         logits = torch.randn(1, VOCAB)
-        logits[0, END] = -50.0
+        logits[0, [START, END]] = -50.0  # as in step_v1
         chosen = int(proc.apply(logits, ctx)[0].argmax())
         tokens.append(chosen)
         all_tokens[slot, len(tokens) - 1] = chosen

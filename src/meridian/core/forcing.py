@@ -20,10 +20,13 @@ prose) is forced whole; a configured transition phrase (``transition``, the toke
 ``scheduler.force_transition_phrase``) is emitted first, as think tokens. A request the
 router already saw leave THINK is never forced.
 
-Keys are the processor's own (e.g. the persistent-batch slot plus a generation counter); a
-request that is preempted and re-added later is started again from its prompt and replays
-its output tokens, so phase and counts are exact, but the entropy history of the tokens before
-the preemption is lost (the probe restarts; documented in docs/vllm.md).
+Keys are the processor's own (e.g. the persistent-batch slot plus a generation counter). A
+request that leaves the batch and comes back with the same live output view (vLLM's V1 runner
+drops a request it does not schedule in a step, and re-adds it when it does) is taken back
+with :meth:`ThinkForcer.resume`: its router state, entropy probe and pending marker go on. One
+that comes back with another view (after a preemption under asynchronous scheduling) is added
+afresh: it replays its output tokens, so phase and counts are exact, but the entropy history
+before is lost (the probe restarts; documented in docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -126,6 +129,20 @@ class ThinkForcer:
         """Stop tracking ``key`` (finished, aborted or preempted). Unknown keys are ignored."""
         if self._rows.pop(key, None) is not None:
             self.router.finish(key)
+
+    def output(self, key: str) -> Sequence[int]:
+        """The live output view ``key`` was added with."""
+        return self._rows[key].output
+
+    def resume(self, key: str, output: Sequence[int]) -> bool:
+        """Take back ``key``, kept while its request was out of the batch, if ``output`` is the
+        live view it was added with and still holds every token seen (tokens generated since
+        are fed); False (nothing changed) otherwise: the caller starts it afresh."""
+        row = self._rows.get(key)
+        if row is None or row.output is not output or len(output) < row.num_seen:
+            return False
+        self.sync(key)
+        return True
 
     def __contains__(self, key: object) -> bool:
         return key in self._rows

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from typing import Any
 
 import torch
@@ -47,6 +48,14 @@ from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime
 __all__ = ["MeridianLogitsProcessor", "MeridianLogitsProcessorV2", "entropy_torch"]
 
 logger = logging.getLogger(__name__)
+
+# Removed rows the V1 processor keeps for their return, per running request vLLM allows
+# (``max_num_seqs``; DEFAULT_MAX_SEQS where the config does not say). A deferred request is
+# back within a few steps; at most max_num_seqs requests leave the batch in one step.
+PARKED_PER_SEQ = 2
+DEFAULT_MAX_SEQS = 256
+# sys.getrefcount of a kept row's output list that only the forcer refers to.
+_OWN_REFERENCES = 2
 
 
 def entropy_torch(logits: torch.Tensor) -> torch.Tensor:
@@ -178,6 +187,36 @@ class MeridianLogitsProcessor(LogitsProcessor):
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.core = _ProcessorCore(runtime_from_vllm_config(vllm_config))
         self._keys: dict[int, str] = {}
+        # Rows removed from the batch, by the identity of their output list (the forcer holds
+        # the list, so the identity is not reused while parked), oldest first: a request that
+        # comes back resumes its state. vLLM does not tell a processor that a removed request
+        # finished; its runner then drops the request's state, and with it the list
+        # (_release_finished). Beyond a bound the oldest are dropped anyway.
+        self._parked: dict[int, str] = {}
+        max_seqs = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None)
+        self._max_parked = PARKED_PER_SEQ * (max_seqs or DEFAULT_MAX_SEQS)
+
+    def _park(self, key: str) -> None:
+        """Keep a removed row's state until its request comes back, finishes, or is the
+        oldest beyond the bound."""
+        parked, forcer = self._parked, self.core.forcer
+        parked[id(forcer.output(key))] = key
+        while len(parked) > self._max_parked:
+            forcer.remove(parked.pop(next(iter(parked))))
+
+    def _release_finished(self) -> None:
+        """Drop the kept rows of requests vLLM no longer holds: nothing but the forcer refers
+        to their output list any more (a list vLLM keeps for a request it will add back is
+        referred to by the runner's state of that request)."""
+        forcer = self.core.forcer
+        gone = [
+            oid
+            for oid, key in self._parked.items()
+            # The forcer's reference and getrefcount's own argument.
+            if sys.getrefcount(forcer.output(key)) <= _OWN_REFERENCES
+        ]
+        for oid in gone:
+            forcer.remove(self._parked.pop(oid))
 
     @property
     def forcer(self) -> ThinkForcer:
@@ -197,22 +236,29 @@ class MeridianLogitsProcessor(LogitsProcessor):
             self.core.error("update_state", exc)
 
     def _apply_batch_update(self, batch_update: BatchUpdate) -> None:
-        keys, forcer = self._keys, self.core.forcer
+        keys, forcer, parked = self._keys, self.core.forcer, self._parked
         for index in batch_update.removed:
             key = keys.pop(index, None)
             if key is not None:
-                forcer.remove(key)
+                self._park(key)
         for index, params, prompt_ids, output_ids in batch_update.added:
+            # An index removed and filled again in one update is not in ``removed``.
             old = keys.pop(index, None)
             if old is not None:
-                forcer.remove(old)
-            key = self.core.new_key(index)
-            forcer.add(
-                key,
-                prompt=prompt_ids or (),
-                output=output_ids,
-                budget=self.core.budget_of(params),
-            )
+                self._park(old)
+            # Back from a step out of the batch (unscheduled, or preempted and resumed): the
+            # same live output list, so the same request; its state goes on.
+            key = parked.pop(id(output_ids), None)
+            if key is None or not forcer.resume(key, output_ids):
+                if key is not None:
+                    forcer.remove(key)
+                key = self.core.new_key(index)
+                forcer.add(
+                    key,
+                    prompt=prompt_ids or (),
+                    output=output_ids,
+                    budget=self.core.budget_of(params),
+                )
             keys[index] = key
         for a, b, direction in batch_update.moved:
             key_a, key_b = keys.pop(a, None), keys.pop(b, None)
@@ -222,7 +268,9 @@ class MeridianLogitsProcessor(LogitsProcessor):
                 if direction == MoveDirectionality.SWAP:
                     keys[a] = key_b
                 else:
-                    forcer.remove(key_b)
+                    self._park(key_b)
+        if parked:
+            self._release_finished()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self._keys or not self.core.runtime.model.has_boundaries:
