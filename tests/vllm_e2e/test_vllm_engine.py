@@ -88,6 +88,32 @@ def test_a_burst_is_tracked_at_the_next_step_and_an_early_abort_never(
         policy.check_integrity()
 
 
+def test_gauges_follow_the_running_batch_in_step_batches(engine: Any, chat_prompt: Prompt) -> None:
+    """Tracked requests, queue depths and batch sizes by phase are published with each batch of
+    32 steps' overhead samples, and when the engine idles (then the batch sizes read 0)."""
+    from meridian.vllm.scheduler import OVERHEAD_SAMPLES_PER_PUBLISH
+
+    with engine(meridian=True) as llm:
+        scheduler, core = scheduler_of(llm), llm.llm_engine
+        gauge = scheduler.meridian_metrics.registry.get_sample_value
+        for i in range(4):
+            core.add_request(
+                f"g-{i}", chat_prompt(i, thinking=i < 2), greedy(80, meridian_forcing="off")
+            )
+        for _ in range(OVERHEAD_SAMPLES_PER_PUBLISH):
+            core.step()
+        assert gauge("meridian_tracked_requests") == 4
+        assert gauge("meridian_queue_depth", {"phase": "think"}) == 2
+        assert gauge("meridian_queue_depth", {"phase": "output"}) == 2
+        assert gauge("meridian_batch_size", {"phase": "think"}) == 2
+        assert gauge("meridian_batch_size", {"phase": "output"}) == 2
+        while core.has_unfinished_requests():
+            core.step()
+        assert gauge("meridian_tracked_requests") == 0
+        assert gauge("meridian_batch_size", {"phase": "think"}) == 0
+        assert gauge("meridian_batch_size", {"phase": "output"}) == 0
+
+
 def test_a_tracking_error_fails_open_for_that_request_only(
     engine: Any, chat_prompt: Prompt, monkeypatch: pytest.MonkeyPatch
 ) -> None:

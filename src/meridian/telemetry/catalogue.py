@@ -119,7 +119,8 @@ OUTPUT_CRITICAL_EVICTIONS: Final = MetricSpec(
 )  # fmt: skip
 TRACKED_REQUESTS: Final = MetricSpec(
     "meridian_tracked_requests", G,
-    "Requests the phase router is tracking (should follow running + waiting).",
+    "Requests the phase router is tracking (should follow running + waiting); every 32 "
+    "steps and when the engine idles.",
     (), "meridian.tracked_requests", "requests",
 )  # fmt: skip
 SCHEDULE_OVERHEAD: Final = MetricSpec(
@@ -129,12 +130,13 @@ SCHEDULE_OVERHEAD: Final = MetricSpec(
 )  # fmt: skip
 QUEUE_DEPTH: Final = MetricSpec(
     "meridian_queue_depth", G,
-    "Running requests per dual-queue phase (output, think) after the last step.",
+    "Running requests per dual-queue phase (output, think) after the last step; every 32 "
+    "steps and when the engine idles.",
     ("phase",), "meridian.queue_depth", "requests",
 )  # fmt: skip
 BATCH_SIZE: Final = MetricSpec(
     "meridian_batch_size", G,
-    "Rows scheduled in the last step, by phase.",
+    "Rows scheduled in the last step, by phase; every 32 steps, and 0 when idle.",
     ("phase",), "meridian.batch_size", "requests",
 )  # fmt: skip
 PREEMPTIONS: Final = MetricSpec(

@@ -39,7 +39,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -151,19 +151,26 @@ class _Telemetry:
         # and when its reasoning started (its first reasoning token).
         self._think_ended_at: dict[str, float] = {}
         self._reasoning_from: dict[str, float] = {}
-        # Observations not yet published, (value, count) by histogram, and hard-cap forces.
-        self._pending: dict[MetricSpec, list[tuple[float, int]]] = {
-            spec: []
-            for spec in (
-                cat.TTFVT, cat.TTOT, cat.OUTPUT_ITL, cat.REASONING_SECONDS, cat.THINK_TOKENS
-            )
-        }  # fmt: skip
+        # Observations not yet published, (value, count), by histogram (a list each, held
+        # directly: a MetricSpec key is hashed field by field), and hard-cap forces.
+        self._ttfvt: list[tuple[float, int]] = []
+        self._ttot: list[tuple[float, int]] = []
+        self._itl: list[tuple[float, int]] = []
+        self._reasoning: list[tuple[float, int]] = []
+        self._think_tokens: list[tuple[float, int]] = []
+        self._pending: tuple[tuple[MetricSpec, list[tuple[float, int]]], ...] = (
+            (cat.TTFVT, self._ttfvt),
+            (cat.TTOT, self._ttot),
+            (cat.OUTPUT_ITL, self._itl),
+            (cat.REASONING_SECONDS, self._reasoning),
+            (cat.THINK_TOKENS, self._think_tokens),
+        )
         self._num_hard_caps = 0
 
     def publish(self) -> None:
         """Put the observations kept so far on the metrics."""
         metrics = self.metrics
-        for spec, pending in self._pending.items():
+        for spec, pending in self._pending:
             if pending:
                 metrics.observe_counted(spec, pending)
                 pending.clear()
@@ -178,13 +185,13 @@ class _Telemetry:
         now = self.now()
         request = self.requests.get(request_id)
         if request is not None:
-            self._pending[cat.TTFVT].append((max(0.0, now - request.arrival_time), 1))
+            self._ttfvt.append((max(0.0, now - request.arrival_time), 1))
         ended = self._think_ended_at.pop(request_id, None)
         if ended is not None:
-            self._pending[cat.TTOT].append((max(0.0, now - ended), 1))
+            self._ttot.append((max(0.0, now - ended), 1))
 
     def answer_gaps(self, seconds: float, count: int) -> None:
-        self._pending[cat.OUTPUT_ITL].append((seconds, count))
+        self._itl.append((seconds, count))
 
     def request_started(self, request_id: str) -> None:
         if self.tracer.enabled:
@@ -201,7 +208,7 @@ class _Telemetry:
             now = self._think_ended_at[request_id] = self.now()
             started = self._reasoning_from.pop(request_id, None)
             if started is not None:
-                self._pending[cat.REASONING_SECONDS].append((max(0.0, now - started), 1))
+                self._reasoning.append((max(0.0, now - started), 1))
         if self.tracer.enabled:
             self.tracer.phase_event(request_id, event)
 
@@ -214,7 +221,7 @@ class _Telemetry:
             self.metrics.count_kv_eviction(tier, num_blocks)
 
     def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
-        self._pending[cat.THINK_TOKENS].append((num_think_tokens, 1))
+        self._think_tokens.append((num_think_tokens, 1))
         self._num_hard_caps += hard_cap
 
 
@@ -444,7 +451,6 @@ class MeridianScheduler(Scheduler):
                         self.max_num_active_reqs = min(active_cap, len(self.running) + allowed)
             except Exception as exc:
                 self._policy_error("schedule", exc)
-        self._publish_gauges()
         overhead.num_steps += 1
         stock_start = time.perf_counter()
         overhead.schedule_overhead_s += stock_start - start
@@ -550,7 +556,7 @@ class MeridianScheduler(Scheduler):
         with self._guarded("free_request"):
             for request in requests:
                 try:
-                    count(request, done=True)
+                    count((request,), done=True)
                     # A completed request's length teaches headroom admission; an aborted not.
                     completed = request.status in _COMPLETED
                     untrack(request.request_id, request.num_output_tokens if completed else None)
@@ -560,7 +566,8 @@ class MeridianScheduler(Scheduler):
     def _sample_overhead(self) -> None:
         """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches (and
         with each batch, the KV held (:meth:`_publish_kv`), the tokens by phase generated since
-        the last one (:meth:`_count_tokens`) and the listener's observations).
+        the last one (:meth:`_count_tokens`), the listener's observations and the gauges
+        (:meth:`_publish_gauges`)).
 
         A sample is Meridian's time since the previous one (plans, gauges, token accounting,
         tracking). Publishing a histogram sample on every step cost more than the rest of a
@@ -577,8 +584,7 @@ class MeridianScheduler(Scheduler):
                 metrics = self.meridian_metrics
                 metrics.observe_counted(cat.SCHEDULE_OVERHEAD, samples)
                 self._publish_kv()
-                for request in self.running:
-                    self._count_tokens(request)
+                self._count_tokens(self.running)
                 think, answer = self._uncounted
                 if think:
                     metrics.count_generated_tokens(Phase.THINK, think)
@@ -586,6 +592,7 @@ class MeridianScheduler(Scheduler):
                     metrics.count_generated_tokens(Phase.OUTPUT, answer)
                 self._uncounted = (0, 0)
                 self._telemetry.publish()
+                self._publish_gauges()
             samples.clear()
 
     def _publish_kv(self) -> None:
@@ -601,29 +608,36 @@ class MeridianScheduler(Scheduler):
         metrics.set_kv_used_bytes(Tier.THINK_ACTIVE, thinking * size)
         metrics.set_kv_used_bytes(Tier.OUTPUT_CRITICAL, answering * size)
 
-    def _count_tokens(self, request: Any, done: bool = False) -> None:
-        """Add what ``request`` generated since it was last counted to the tokens by phase not
-        yet published (``_uncounted``)."""
-        rid = request.request_id
-        tokens = self.meridian_policy.tokens_by_phase(rid, request.num_output_tokens)
-        if tokens is None:
-            return
-        think, answer = tokens
-        counted = self._tokens_counted
-        before_think, before_answer = counted.pop(rid, (0, 0)) if done else counted.get(rid, (0, 0))
+    def _count_tokens(self, requests: Iterable[Any], done: bool = False) -> None:
+        """Add what ``requests`` generated since each was last counted to the tokens by phase
+        not yet published (``_uncounted``); ``done``: they are leaving (forget their counts)."""
+        tokens_by_phase, counted = self.meridian_policy.tokens_by_phase, self._tokens_counted
+        settle = counted.pop if done else counted.get
         new_think, new_answer = self._uncounted
-        self._uncounted = (
-            new_think + max(0, think - before_think),
-            new_answer + max(0, answer - before_answer),
-        )
-        if not done:
-            counted[rid] = (think, answer)
+        for request in requests:
+            rid = request.request_id
+            tokens = tokens_by_phase(rid, request.num_output_tokens)
+            if tokens is None:
+                continue
+            think, answer = tokens
+            before = settle(rid, None)
+            if before is None:
+                new_think += think
+                new_answer += answer
+            else:
+                new_think += max(0, think - before[0])
+                new_answer += max(0, answer - before[1])
+            if not done:
+                counted[rid] = tokens
+        self._uncounted = (new_think, new_answer)
 
     def _publish_gauges(self) -> None:
         """Tracked requests, queue depths and batch sizes by phase, when one may have changed.
 
-        Checked once per step; most steps change none of them (they move on admissions,
-        phase changes, preemptions and new plans, which bump ``meridian_policy.revision``).
+        Checked with each batch of overhead samples (every ``OVERHEAD_SAMPLES_PER_PUBLISH``
+        steps) and when the engine idles: a scrape sees them at most that many steps late, as
+        the histograms. Most checks find none changed (they move on admissions, phase changes,
+        preemptions and new plans, which bump ``meridian_policy.revision``).
         """
         policy = self.meridian_policy
         if policy.revision == self._published_revision:
