@@ -24,9 +24,9 @@ Keys are the processor's own (e.g. the persistent-batch slot plus a generation c
 request that leaves the batch and comes back with the same live output view (vLLM's V1 runner
 drops a request it does not schedule in a step, and re-adds it when it does) is taken back
 with :meth:`ThinkForcer.resume`: its router state, entropy probe and pending marker go on. One
-that comes back with another view (after a preemption under asynchronous scheduling) is added
-afresh: it replays its output tokens, so phase and counts are exact, but the entropy history
-before is lost (the probe restarts; documented in docs/vllm.md).
+that comes back with another view (the V1 runner under asynchronous scheduling rebuilds it) is
+added afresh: it replays its output tokens, so phase and counts are exact, but the entropy
+history before is lost (the probe restarts; documented in docs/vllm.md).
 """
 
 from __future__ import annotations
