@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from meridian.config.schema import EntropyConfig, SchedulerConfig
@@ -271,3 +271,67 @@ def test_a_request_back_with_its_output_view_resumes_its_probe() -> None:
     del out[:]
     assert not forcer.resume("r", out)  # tokens taken back: start afresh
     forcer.check_integrity()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    caps=st.lists(st.sampled_from([None, 1, 3, 6, 12, 0]), min_size=1, max_size=4),
+    steps=st.lists(
+        st.lists(
+            # Entropies at 0, on a flat 1 nat (EAT converges), or above the transition
+            # threshold (bursts of them: RPDI's overthinking).
+            st.tuples(st.sampled_from([5, 5, 5, 6, 6, 6, 3, 4]), st.sampled_from([0.0, 1.0, 2.9])),
+            min_size=4,
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    eat_min_distance=st.sampled_from([2, 50]),  # 50: EAT never fires, RPDI may
+)
+# RPDI fires: 8 quiet think tokens, then a burst of transitions.
+@example(caps=[None], steps=[[(5, 0.0)] * 4] * 8 + [[(5, 2.9)] * 4] * 3, eat_min_distance=50)
+def test_the_batched_step_decides_as_the_per_key_one(
+    caps: list[int | None], steps: list[list[tuple[int, float]]], eat_min_distance: int
+) -> None:
+    """``prepare`` and ``forced_tokens`` (what the logits processor calls once per step) sync,
+    ask for entropy and force exactly as ``sync``, ``wants_entropy`` and ``forced_token`` per key
+    do, whatever the tokens (think_start 3 and think_end 4 included), entropies and caps (0:
+    forcing off)."""
+    from meridian.core.forcing import ThinkForcer
+    from meridian.core.router import ReasoningModel
+
+    model = ReasoningModel(think_start=(3,), think_end=(4,))
+    entropy = ENTROPY.model_copy(update={"eat_min_distance": eat_min_distance})
+    floor = BudgetPolicy(SchedulerConfig(min_think_tokens=2, max_think_tokens=1000), entropy)
+    forcers = [ThinkForcer(model, floor) for _ in range(2)]
+    outputs: list[list[list[int]]] = [[[] for _ in caps] for _ in forcers]
+    keys = [f"r{i}" for i in range(len(caps))]
+    for forcer, outs in zip(forcers, outputs, strict=True):
+        for key, cap, out in zip(keys, caps, outs, strict=True):
+            budget = (
+                RequestBudget(forcing=False) if cap == 0 else RequestBudget(max_think_tokens=cap)
+            )
+            forcer.add(key, prompt=[9, 3], output=out, budget=budget)
+    per_key, batched = forcers
+    for step in steps:
+        wanted = []
+        for i, key in enumerate(keys):
+            per_key.sync(key)
+            if per_key.wants_entropy(key):
+                wanted.append(i)
+        assert batched.prepare(keys) == wanted
+        for i in wanted:
+            for forcer in forcers:
+                forcer.observe_entropy(keys[i], step[i][1])
+        expected = [
+            (i, t) for i, key in enumerate(keys) if (t := per_key.forced_token(key)) is not None
+        ]
+        assert batched.forced_tokens(keys) == expected
+        forced = dict(expected)
+        for outs in outputs:
+            for i, out in enumerate(outs):
+                out.append(forced.get(i, step[i][0]))
+    assert per_key.num_forced == batched.num_forced
+    for forcer in forcers:
+        forcer.check_integrity()

@@ -227,7 +227,7 @@ def test_v1_fails_open(tiny_runtime_env: Any) -> None:
         BatchUpdate(batch_size=1, removed=[], added=[(0, params(), PROMPT, out)], moved=[])
     )
     out.append(-5)  # a corrupt token id: the router rejects it... or not; either way no crash
-    proc.core.forcer.sync = None  # type: ignore[assignment,method-assign]
+    proc.core.forcer.prepare = None  # type: ignore[assignment,method-assign]
     logits = torch.randn(1, VOCAB)
     before = logits.clone()
     assert torch.equal(proc.apply(logits), before)

@@ -125,6 +125,16 @@ class BudgetPolicy:
         when entropy forcing is disabled (so callers skip the per-token work)."""
         return EntropyProbe(self._entropy) if self.entropy_enabled else None
 
+    def cap(self, budget: RequestBudget | None = None) -> int | None:
+        """The hard cap a request with ``budget`` is forced at: its override, else the config's;
+        ``None`` when its forcing is off (nothing forces it). :meth:`decide` fires before it only
+        on an entropy signal (the probe's ``converged`` or ``overthinking``)."""
+        if budget is None:
+            return self.max_think_tokens
+        if not budget.forcing:
+            return None
+        return self.max_think_tokens if budget.max_think_tokens is None else budget.max_think_tokens
+
     def decide(
         self,
         num_think_tokens: int,
@@ -137,13 +147,12 @@ class BudgetPolicy:
         """
         if num_think_tokens < 0:
             raise ValueError(f"num_think_tokens must be >= 0; got {num_think_tokens}")
-        if budget is not None and not budget.forcing:
+        cap = self.cap(budget)
+        if cap is None:
             return None
-        if budget is not None and budget.max_think_tokens is not None:
-            cap, source = budget.max_think_tokens, "request override"
-        else:
-            cap, source = self.max_think_tokens, "config"
         if num_think_tokens >= cap:
+            overridden = budget is not None and budget.max_think_tokens is not None
+            source = "request override" if overridden else "config"
             return ForceDecision(
                 ForceReason.HARD_CAP,
                 num_think_tokens,

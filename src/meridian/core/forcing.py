@@ -31,13 +31,14 @@ history before is lost (the probe restarts; documented in docs/vllm.md).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget, Signals
 from meridian.core.entropy import EntropyProbe
-from meridian.core.router import PhaseRouter, ReasoningModel
+from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
 from meridian.core.types import ForceReason, Phase
 
 __all__ = ["ForceRecord", "ThinkForcer"]
@@ -60,6 +61,10 @@ class _Row:
     output: Sequence[int]
     budget: RequestBudget | None
     probe: EntropyProbe | None
+    # The router's state of the request (read here, never written) and its hard cap
+    # (BudgetPolicy.cap; infinite when its forcing is off).
+    st: RequestPhaseState
+    cap: float
     num_seen: int = 0
     # Remaining think_end ids to emit, one per step, once the policy fired.
     pending: list[int] = field(default_factory=list)
@@ -122,7 +127,14 @@ class ThinkForcer:
             budget.forcing and budget.signals is not Signals.NONE
         )
         probe = self.policy.new_probe() if entropy_may_force and self.model.has_boundaries else None
-        self._rows[key] = _Row(output=output, budget=budget, probe=probe)
+        cap = self.policy.cap(budget)
+        self._rows[key] = _Row(
+            output=output,
+            budget=budget,
+            probe=probe,
+            st=self.router.state(key),
+            cap=math.inf if cap is None else cap,
+        )
         self.sync(key)
 
     def remove(self, key: str) -> None:
@@ -160,6 +172,55 @@ class ThinkForcer:
             self.router.observe(key, list(row.output[row.num_seen : n]))
             row.num_seen = n
         return self.router.phase(key)
+
+    def prepare(self, keys: Sequence[str]) -> list[int]:
+        """One step's :meth:`sync` of every key (their new tokens go to the router in one
+        batch); returns the positions in ``keys`` of those that :meth:`wants_entropy`."""
+        rows = [self._rows[key] for key in keys]
+        states: list[RequestPhaseState] = []
+        deltas: list[Sequence[int]] = []
+        for row in rows:
+            output, seen = row.output, row.num_seen
+            n = len(output)
+            if n > seen:
+                states.append(row.st)
+                deltas.append(output[seen:n])
+                row.num_seen = n
+        if states:
+            self.router.observe_states(states, deltas)
+        think = Phase.THINK
+        return [
+            i
+            for i, row in enumerate(rows)
+            if row.probe is not None
+            and not row.pending
+            and row.st.phase is think
+            and row.st.forced is None
+        ]
+
+    def forced_tokens(self, keys: Sequence[str]) -> list[tuple[int, int]]:
+        """One step's :meth:`forced_token` of every key: ``(position in keys, token id)`` for
+        each that must emit a token now. A thinking request below its cap whose probe signals
+        nothing is passed over without asking the policy (it would not fire)."""
+        forced: list[tuple[int, int]] = []
+        rows, think = self._rows, Phase.THINK
+        for i, key in enumerate(keys):
+            row = rows[key]
+            if row.pending:
+                forced.append((i, row.pending.pop(0)))
+                continue
+            st = row.st
+            if st.phase is not think or st.forced is not None:
+                continue
+            probe = row.probe
+            if st.num_think_tokens < row.cap and (
+                probe is None or not (probe.converged or probe.overthinking)
+            ):
+                continue
+            token = self.forced_token(key)
+            if token is not None:
+                forced.append((i, token))
+        return forced
 
     def wants_entropy(self, key: str) -> bool:
         """True when this step's entropy of the request's row would be used."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from typing import Any
 
 import torch
@@ -107,6 +108,10 @@ class _ProcessorCore:
         self.num_errors = 0
         self._logged: set[tuple[str, str]] = set()
         self._generation = 0
+        # Wall time in step() (the per-step work between the forward pass and sampling), and
+        # its calls: benchmarks/bench_vllm_overhead.py reports it per step.
+        self.step_s = 0.0
+        self.num_steps = 0
 
     def _count_force(self, record: ForceRecord) -> None:
         if record.reason is not ForceReason.HARD_CAP:
@@ -130,29 +135,28 @@ class _ProcessorCore:
 
     def step(self, logits: torch.Tensor, rows: list[tuple[int, str]]) -> torch.Tensor:
         """Sync, measure and force ``rows`` (``(row index, key)`` pairs) of ``logits``."""
+        start = time.perf_counter()
+        try:
+            return self._step(logits, rows)
+        finally:
+            self.step_s += time.perf_counter() - start
+            self.num_steps += 1
+
+    def _step(self, logits: torch.Tensor, rows: list[tuple[int, str]]) -> torch.Tensor:
         forcer = self.forcer
-        entropy_rows: list[int] = []
-        entropy_keys: list[str] = []
-        for row, key in rows:
-            forcer.sync(key)
-            if forcer.wants_entropy(key):
-                entropy_rows.append(row)
-                entropy_keys.append(key)
-        if entropy_rows:
-            index = torch.tensor(entropy_rows, dtype=torch.long, device=logits.device)
+        keys = [key for _, key in rows]
+        wanted = forcer.prepare(keys)
+        if wanted:
+            index = torch.tensor(
+                [rows[i][0] for i in wanted], dtype=torch.long, device=logits.device
+            )
             values = entropy_torch(logits.index_select(0, index)).tolist()
-            for key, h in zip(entropy_keys, values, strict=True):
+            for i, h in zip(wanted, values, strict=True):
                 if math.isfinite(h):
-                    forcer.observe_entropy(key, max(h, 0.0))
-        forced_rows: list[int] = []
-        forced_tokens: list[int] = []
-        for row, key in rows:
-            token = forcer.forced_token(key)
-            if token is not None:
-                forced_rows.append(row)
-                forced_tokens.append(token)
-        if forced_rows:
-            _force_rows(logits, forced_rows, forced_tokens)
+                    forcer.observe_entropy(keys[i], max(h, 0.0))
+        forced = forcer.forced_tokens(keys)
+        if forced:
+            _force_rows(logits, [rows[i][0] for i, _ in forced], [token for _, token in forced])
         return logits
 
     def error(self, where: str, exc: Exception) -> None:
