@@ -135,6 +135,15 @@ class BudgetPolicy:
             return None
         return self.max_think_tokens if budget.max_think_tokens is None else budget.max_think_tokens
 
+    @staticmethod
+    def cannot_fire(num_think_tokens: int, cap: float, probe: EntropyProbe | None) -> bool:
+        """Whether :meth:`decide` keeps a request thinking whatever its budget's signals: below
+        ``cap`` (:meth:`cap`, infinite when its forcing is off) with no entropy signal raised.
+        A cheap test for callers that ask every step."""
+        return num_think_tokens < cap and (
+            probe is None or not (probe.converged or probe.overthinking)
+        )
+
     def decide(
         self,
         num_think_tokens: int,

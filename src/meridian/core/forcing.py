@@ -70,6 +70,17 @@ class _Row:
     pending: list[int] = field(default_factory=list)
 
 
+def _forcible(st: RequestPhaseState) -> bool:
+    """The request thinks and was not forced yet (the router's ``can_mark_forced``)."""
+    return st.phase is Phase.THINK and st.forced is None
+
+
+def _wants_entropy(row: _Row) -> bool:
+    """This step's entropy of the row would be used: it has a probe, no marker is being
+    forced, and it may still be forced."""
+    return row.probe is not None and not row.pending and _forcible(row.st)
+
+
 class ThinkForcer:
     """Decides, per request and step, whether to force ``think_end`` (see module docstring).
 
@@ -166,12 +177,8 @@ class ThinkForcer:
 
     def sync(self, key: str) -> Phase:
         """Feed the tokens appended to the request's output since the last call; its phase."""
-        row = self._rows[key]
-        n = len(row.output)
-        if n > row.num_seen:
-            self.router.observe(key, list(row.output[row.num_seen : n]))
-            row.num_seen = n
-        return self.router.phase(key)
+        self.prepare((key,))
+        return self._rows[key].st.phase
 
     def prepare(self, keys: Sequence[str]) -> list[int]:
         """One step's :meth:`sync` of every key (their new tokens go to the router in one
@@ -188,33 +195,19 @@ class ThinkForcer:
                 row.num_seen = n
         if states:
             self.router.observe_states(states, deltas)
-        think = Phase.THINK
-        return [
-            i
-            for i, row in enumerate(rows)
-            if row.probe is not None
-            and not row.pending
-            and row.st.phase is think
-            and row.st.forced is None
-        ]
+        return [i for i, row in enumerate(rows) if _wants_entropy(row)]
 
     def forced_tokens(self, keys: Sequence[str]) -> list[tuple[int, int]]:
         """One step's :meth:`forced_token` of every key: ``(position in keys, token id)`` for
-        each that must emit a token now. A thinking request below its cap whose probe signals
-        nothing is passed over without asking the policy (it would not fire)."""
+        each that must emit a token now. A thinking request the policy cannot fire on
+        (:meth:`~meridian.core.budget.BudgetPolicy.cannot_fire`) is passed over without asking."""
         forced: list[tuple[int, int]] = []
-        rows, think = self._rows, Phase.THINK
+        rows, cannot_fire = self._rows, self.policy.cannot_fire
         for i, key in enumerate(keys):
             row = rows[key]
-            if row.pending:
-                forced.append((i, row.pending.pop(0)))
-                continue
             st = row.st
-            if st.phase is not think or st.forced is not None:
-                continue
-            probe = row.probe
-            if st.num_think_tokens < row.cap and (
-                probe is None or not (probe.converged or probe.overthinking)
+            if not row.pending and (
+                not _forcible(st) or cannot_fire(st.num_think_tokens, row.cap, row.probe)
             ):
                 continue
             token = self.forced_token(key)
@@ -224,13 +217,7 @@ class ThinkForcer:
 
     def wants_entropy(self, key: str) -> bool:
         """True when this step's entropy of the request's row would be used."""
-        row = self._rows[key]
-        return (
-            row.probe is not None
-            and not row.pending
-            and self.router.phase(key) is Phase.THINK
-            and self.router.can_mark_forced(key)
-        )
+        return _wants_entropy(self._rows[key])
 
     def observe_entropy(self, key: str, entropy: float) -> None:
         """Account the entropy (nats) of the distribution the request samples from now."""
@@ -247,16 +234,15 @@ class ThinkForcer:
         row = self._rows[key]
         if row.pending:
             return row.pending.pop(0)
-        router = self.router
-        if router.phase(key) is not Phase.THINK or not router.can_mark_forced(key):
+        st = row.st
+        if not _forcible(st):
             return None
-        st = router.state(key)
         decision: ForceDecision | None = self.policy.decide(
             st.num_think_tokens, row.probe, row.budget
         )
         if decision is None:
             return None
-        router.mark_forced(key, decision.reason)
+        self.router.mark_forced(key, decision.reason)
         self.num_forced[decision.reason] += 1
         record = ForceRecord(key, decision.reason, decision.num_think_tokens, decision.detail)
         self.records.append(record)
