@@ -51,16 +51,6 @@ GRANITE = ReasoningModel(
 )
 
 
-class FakeClock:
-    """A settable clock for last_seen / reaping."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def started(model: ReasoningModel, prompt: Sequence[int], rid: str = "r") -> PhaseRouter:
     router = PhaseRouter()
     router.start(rid, model, prompt)
@@ -372,28 +362,6 @@ def test_finish_is_idempotent_and_untracks() -> None:
         router.phase("r")
     router.start("r", QWEN3, [1])  # the id can be reused after finish
     assert router.phase("r") is Phase.PREFILL
-
-
-def test_reap_stale_uses_the_injected_clock() -> None:
-    clock = FakeClock()
-    router = PhaseRouter(clock=clock)
-    router.start("old", QWEN3, [THINK])
-    router.start("busy", QWEN3, [THINK])
-    clock.now = 5.0
-    router.start("new", QWEN3, [1])
-    router.observe("busy", 3)
-    assert router.state("busy").last_seen == 5.0
-    clock.now = 12.0
-    router.observe_many(["new"], [[4]])
-    assert router.reap_stale_older_than(12.0) == []  # seen exactly 12 s ago: not older
-    assert router.reap_stale_older_than(7.5) == ["old"]
-    assert router.reap_stale_older_than(7.5) == []
-    assert router.tracked_requests == 2
-    clock.now = 20.0
-    assert sorted(router.reap_stale_older_than(0.0)) == ["busy", "new"]
-    assert router.tracked_requests == 0
-    with pytest.raises(ValueError, match=">= 0"):
-        router.reap_stale_older_than(-1.0)
 
 
 def test_check_integrity_detects_corruption() -> None:

@@ -319,7 +319,7 @@ class MeridianPolicy:
         self.block_size = block_size
         self.capacity = capacity
         self.clock = clock
-        self.router = PhaseRouter(clock=clock)
+        self.router = PhaseRouter()
         self.queues = DualQueueScheduler(config)
         self.preempt_max_fraction = float(config.preempt_max_fraction)
         self.default_max_think_tokens = int(config.max_think_tokens)

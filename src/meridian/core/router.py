@@ -46,8 +46,8 @@ one C-level ``in`` over a multi-token delta). ``observe`` returns a shared empty
 nothing happened, so the common path allocates nothing.
 
 Threads: several threads may call ``start``/``observe``/``mark_forced``/``finish`` at once as long
-as each request is driven by one thread at a time. ``start``, ``finish`` and the reaper take a
-lock around the request table; ``observe`` only reads the table (atomic in CPython) and mutates
+as each request is driven by one thread at a time. ``start`` and ``finish`` take a lock around
+the request table; ``observe`` only reads the table (atomic in CPython) and mutates
 its own request's state, so the hot path takes no global lock.
 """
 
@@ -55,8 +55,7 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -88,7 +87,7 @@ _MULTI: Final = -1
 
 
 class UnknownRequestError(MeridianError, KeyError):
-    """A request id that the router does not track (never started, or finished/reaped)."""
+    """A request id that the router does not track (never started, or finished)."""
 
     def __str__(self) -> str:
         # KeyError.__str__ would repr() the message and wrap it in quotes.
@@ -303,7 +302,6 @@ class RequestPhaseState:
     num_think_tokens: int = 0
     num_output_tokens: int = 0
     forced: ForceReason | None = None
-    last_seen: float = 0.0
     num_generated_tokens: int = 0
     # Tokens of generated think_start / think_end markers (counted neither as think nor output).
     num_marker_tokens: int = 0
@@ -314,7 +312,7 @@ class RequestPhaseState:
 class PhaseRouter:
     """Tracks the phase of every live request from its token stream.
 
-    >>> r = PhaseRouter(clock=lambda: 0.0)
+    >>> r = PhaseRouter()
     >>> m = ReasoningModel(think_start=(7,), think_end=(8,))
     >>> r.start("a", m, [1, 2, 7])
     (EnterThink(request_id='a'),)
@@ -324,8 +322,7 @@ class PhaseRouter:
     1
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+    def __init__(self) -> None:
         self._states: dict[str, RequestPhaseState] = {}
         self._lock = threading.Lock()
 
@@ -339,7 +336,7 @@ class PhaseRouter:
         Raises :class:`DuplicateRequestError` if the id is already tracked.
         """
         phase = model.initial_phase(prompt_token_ids)
-        st = RequestPhaseState(request_id, model, phase, last_seen=self._clock())
+        st = RequestPhaseState(request_id, model, phase)
         with self._lock:
             if request_id in self._states:
                 raise DuplicateRequestError(
@@ -358,20 +355,6 @@ class PhaseRouter:
         st.phase = Phase.COMPLETE
         return Complete(request_id)
 
-    def reap_stale_older_than(self, seconds: float) -> list[str]:
-        """Finish every request not started/observed for more than ``seconds``; returns their ids.
-
-        A safety net for requests whose end the caller never reported (e.g. lost aborts).
-        """
-        if not seconds >= 0:
-            raise ValueError(f"reap_stale_older_than: seconds must be >= 0; got {seconds}")
-        cutoff = self._clock() - seconds
-        with self._lock:
-            stale = [rid for rid, st in self._states.items() if st.last_seen < cutoff]
-            for rid in stale:
-                self._states.pop(rid).phase = Phase.COMPLETE
-        return stale
-
     # -- the hot path --------------------------------------------------------------------------
 
     def observe(self, request_id: str, token_ids: Sequence[int] | int) -> Sequence[PhaseEvent]:
@@ -381,7 +364,6 @@ class PhaseRouter:
         Returns a shared empty tuple when nothing happened.
         """
         st = self._get(request_id)
-        st.last_seen = self._clock()
         if isinstance(token_ids, int):
             # One token, no boundary: count it without building a sequence.
             phase = st.phase
@@ -407,9 +389,9 @@ class PhaseRouter:
     ) -> list[Sequence[PhaseEvent]]:
         """The batched ``observe``: ``token_ids[i]`` are the new tokens of ``request_ids[i]``.
 
-        Returns one event sequence per request (mostly the shared empty tuple). All requests of
-        one call get the same ``last_seen``. On an unknown id, :class:`UnknownRequestError` is
-        raised and the requests before it in the batch have already been applied.
+        Returns one event sequence per request (mostly the shared empty tuple). On an unknown
+        id, :class:`UnknownRequestError` is raised and the requests before it in the batch have
+        already been applied.
         """
         if len(request_ids) != len(token_ids):
             raise ValueError(
@@ -430,12 +412,10 @@ class PhaseRouter:
     ) -> list[Sequence[PhaseEvent]]:
         """``observe_many`` for callers that hold the requests' live states (:meth:`state`):
         ``token_ids[i]`` are the new tokens of ``states[i]``'s request, which must be tracked."""
-        now = self._clock()
         think, output = Phase.THINK, Phase.OUTPUT
         out: list[Sequence[PhaseEvent]] = []
         append = out.append
         for st, toks in zip(states, token_ids, strict=True):
-            st.last_seen = now
             phase = st.phase
             # Inlined fast paths of _feed (the common cases: no boundary in this delta).
             if phase is output:
@@ -467,7 +447,6 @@ class PhaseRouter:
         :meth:`observe_states`), unknown ids included. Ids in ``skip`` are neither counted nor
         returned."""
         get = self._states.get
-        now = self._clock()
         think = Phase.THINK
         others: list[str] = []
         for rid, toks in deltas.items():
@@ -483,7 +462,6 @@ class PhaseRouter:
                 n = len(toks)
                 st.num_think_tokens += n
                 st.num_generated_tokens += n
-                st.last_seen = now
                 continue
             others.append(rid)
         return others
@@ -597,7 +575,7 @@ class PhaseRouter:
 
     @property
     def tracked_requests(self) -> int:
-        """How many requests are tracked (started and not yet finished or reaped)."""
+        """How many requests are tracked (started and not yet finished)."""
         return len(self._states)
 
     def check_integrity(self) -> None:
@@ -621,7 +599,7 @@ class PhaseRouter:
     def _unknown(request_id: str) -> UnknownRequestError:
         return UnknownRequestError(
             f"request {request_id!r} is not tracked by the phase router "
-            "(never started, or already finished or reaped); call start() first"
+            "(never started, or already finished); call start() first"
         )
 
 

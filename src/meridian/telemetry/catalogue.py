@@ -119,8 +119,8 @@ OUTPUT_CRITICAL_EVICTIONS: Final = MetricSpec(
 )  # fmt: skip
 TRACKED_REQUESTS: Final = MetricSpec(
     "meridian_tracked_requests", G,
-    "Requests the phase router is tracking (should follow running + waiting); every 32 "
-    "steps and when the engine idles.",
+    "Requests the phase router is tracking (should follow running + waiting); about once a "
+    "second and when the engine idles.",
     (), "meridian.tracked_requests", "requests",
 )  # fmt: skip
 SCHEDULE_OVERHEAD: Final = MetricSpec(
@@ -130,13 +130,13 @@ SCHEDULE_OVERHEAD: Final = MetricSpec(
 )  # fmt: skip
 QUEUE_DEPTH: Final = MetricSpec(
     "meridian_queue_depth", G,
-    "Running requests per dual-queue phase (output, think) after the last step; every 32 "
-    "steps and when the engine idles.",
+    "Running requests per dual-queue phase (output, think) after the last step; about once a "
+    "second and when the engine idles.",
     ("phase",), "meridian.queue_depth", "requests",
 )  # fmt: skip
 BATCH_SIZE: Final = MetricSpec(
     "meridian_batch_size", G,
-    "Rows scheduled in the last step, by phase; every 32 steps, and 0 when idle.",
+    "Rows scheduled in the last step, by phase; about once a second, and 0 when idle.",
     ("phase",), "meridian.batch_size", "requests",
 )  # fmt: skip
 PREEMPTIONS: Final = MetricSpec(
@@ -182,7 +182,7 @@ GENERATED_TOKENS: Final = MetricSpec(
     "meridian_generated_tokens_total", C,
     "Tokens generated, by phase: think (reasoning tokens, as in usage.completion_tokens_details."
     "reasoning_tokens) and output (the answer's content tokens); the boundary markers count in "
-    "neither. Counted every 32 steps and when the engine idles (a finished request's last tokens "
+    "neither. Counted about once a second and when the engine idles (a finished request's last tokens "
     "with the next count).",
     ("phase",), "meridian.generated_tokens", "tokens",
 )  # fmt: skip
@@ -192,7 +192,7 @@ KV_BLOCKS: Final = MetricSpec(
     "meridian_kv_blocks", G,
     "KV blocks the running requests hold for their computed tokens, by phase: think (thinking "
     "and prefilling requests) and output (answer streams, their prompt and reasoning included). "
-    "A shared prefix block counts once per holder. Every 32 steps, and 0 when idle.",
+    "A shared prefix block counts once per holder. About once a second, and 0 when idle.",
     ("phase",), "meridian.kv_blocks", "blocks",
 )  # fmt: skip
 KV_USED: Final = MetricSpec(

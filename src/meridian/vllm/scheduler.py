@@ -84,8 +84,11 @@ _COMPLETED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_L
 # host-tier eviction policy (meridian.vllm.offload.ReasoningFirstPolicy) reads it to tell prompt
 # blocks from generated ones. vLLM's scheduler only reads "do_remote_prefill" there.
 PROMPT_TOKENS_KEY = "meridian_prompt_tokens"
-# meridian_schedule_overhead_seconds samples are published in batches of this many steps.
+# meridian_schedule_overhead_seconds samples, and with them the other metrics, are published in
+# batches: at most every PUBLISH_INTERVAL_S seconds of the scheduler's clock (a scrape interval
+# is several seconds), checked every OVERHEAD_SAMPLES_PER_PUBLISH steps, and when the engine idles.
 OVERHEAD_SAMPLES_PER_PUBLISH = 32
+PUBLISH_INTERVAL_S = 1.0
 
 
 def _output_budget(configured: int | Literal["auto"]) -> int | Literal["auto"] | None:
@@ -132,8 +135,8 @@ class _Telemetry:
     ``requests`` is the scheduler's table (for a request's ``arrival_time``) and ``now`` the
     clock ``arrival_time`` is on: wall time in vLLM, the simulator's virtual time there.
     Histogram observations and hard-cap forces are measured when they happen and kept until
-    :meth:`publish` (the scheduler publishes every ``OVERHEAD_SAMPLES_PER_PUBLISH`` steps and
-    when it idles): one update per histogram and batch costs less than one per request.
+    :meth:`publish` (the scheduler publishes at most every ``PUBLISH_INTERVAL_S`` and when it
+    idles): one update per histogram and batch costs less than one per request.
     """
 
     def __init__(
@@ -343,6 +346,7 @@ class MeridianScheduler(Scheduler):
         # (think, answer) tokens counted but not yet on meridian_generated_tokens_total.
         self._uncounted = (0, 0)
         self._sampled_overhead_s = 0.0
+        self._published_at = self.meridian_policy.clock()
         logger.info(
             "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
             self.meridian.model_name,
@@ -571,15 +575,22 @@ class MeridianScheduler(Scheduler):
 
         A sample is Meridian's time since the previous one (plans, gauges, token accounting,
         tracking). Publishing a histogram sample on every step cost more than the rest of a
-        quiet step's work (cold caches after the model's forward pass), so samples are
-        published every ``OVERHEAD_SAMPLES_PER_PUBLISH`` steps and whenever the engine idles.
+        quiet step's work (cold caches after the model's forward pass), and a publish (a pass
+        over the running requests, every histogram and gauge) costs several steps' work, so
+        they are published when ``PUBLISH_INTERVAL_S`` has passed since the last publish
+        (checked every ``OVERHEAD_SAMPLES_PER_PUBLISH`` steps) and whenever the engine idles.
         """
         overhead = self.meridian_overhead
         total = overhead.schedule_overhead_s + overhead.update_overhead_s
         samples = self._overhead_samples
         samples.append((total - self._sampled_overhead_s, 1))
         self._sampled_overhead_s = total
-        if len(samples) >= OVERHEAD_SAMPLES_PER_PUBLISH or not self.meridian_policy.num_tracked:
+        policy = self.meridian_policy
+        if (
+            len(samples) % OVERHEAD_SAMPLES_PER_PUBLISH == 0
+            and policy.clock() - self._published_at >= PUBLISH_INTERVAL_S
+        ) or not policy.num_tracked:
+            self._published_at = policy.clock()
             with self._guarded("stat_logger"):
                 metrics = self.meridian_metrics
                 metrics.observe_counted(cat.SCHEDULE_OVERHEAD, samples)
@@ -634,10 +645,10 @@ class MeridianScheduler(Scheduler):
     def _publish_gauges(self) -> None:
         """Tracked requests, queue depths and batch sizes by phase, when one may have changed.
 
-        Checked with each batch of overhead samples (every ``OVERHEAD_SAMPLES_PER_PUBLISH``
-        steps) and when the engine idles: a scrape sees them at most that many steps late, as
-        the histograms. Most checks find none changed (they move on admissions, phase changes,
-        preemptions and new plans, which bump ``meridian_policy.revision``).
+        Checked with each batch of overhead samples (at most every ``PUBLISH_INTERVAL_S``) and
+        when the engine idles: a scrape sees them about that late, as the histograms. Most
+        checks find none changed (they move on admissions, phase changes, preemptions and new
+        plans, which bump ``meridian_policy.revision``).
         """
         policy = self.meridian_policy
         if policy.revision == self._published_revision:
