@@ -182,8 +182,8 @@ GENERATED_TOKENS: Final = MetricSpec(
     "meridian_generated_tokens_total", C,
     "Tokens generated, by phase: think (reasoning tokens, as in usage.completion_tokens_details."
     "reasoning_tokens) and output (the answer's content tokens); the boundary markers count in "
-    "neither. Counted about once a second and when the engine idles (a finished request's last tokens "
-    "with the next count).",
+    "neither. Counted about once a second and when the engine idles (a finished request's last "
+    "tokens with the next count).",
     ("phase",), "meridian.generated_tokens", "tokens",
 )  # fmt: skip
 
