@@ -95,7 +95,7 @@ def test_answers_first_and_newest_think_last() -> None:
     plan = policy.plan([t1, o1, t2, o2], step=2, num_free_blocks=10)
     assert ids(plan.order) == ["o1", "o2", "t1", "t2"]
     assert ids(plan.victims) == ["t2"]  # 25 % of 4 running: one ranked victim, last in order
-    assert plan.skip == []
+    assert not plan.skip
     policy.check_integrity()
 
 
@@ -173,7 +173,7 @@ def test_an_order_that_cannot_change_the_step_is_not_planned() -> None:
         policy.observe_many([(r.request_id, r.output)], 1)  # o1 answers now
     running = [t1, o1, t2]
     plan = policy.plan(running, step=2, num_free_blocks=3)
-    assert plan.order is running and plan.skip == [] and plan.victims == []
+    assert plan.order is running and not plan.skip and plan.victims == []
     assert policy.stats.num_reordered_steps == 0 and policy.stats.num_engine_order_steps == 1
     assert policy.queues.last_batch_sizes == {Phase.OUTPUT: 1, Phase.THINK: 2}
     policy.check_integrity()
@@ -221,7 +221,7 @@ def test_answer_streams_hold_rather_than_preempt_each_other() -> None:
     assert ids(plan.skip) == ["o2", "o3"] and policy.stats.num_answer_holds == 2
     # With a thinking request holding KV, it is preempted instead: nothing is held.
     t = admitted(policy, "t", THINK_PROMPT)
-    assert policy.plan([*answers, t], step=4, num_free_blocks=0).skip == []
+    assert not policy.plan([*answers, t], step=4, num_free_blocks=0).skip
 
 
 def test_answer_gaps_and_inferred_caps() -> None:
@@ -404,6 +404,56 @@ def test_answer_gaps_match_each_streams_own_token_steps(
     assert not policy._served and not policy._answered
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(-1, 12), min_size=1, max_size=8),
+    st.lists(st.sets(st.integers(0, 7)), min_size=1, max_size=30),
+)
+def test_the_adapters_split_batches_account_as_the_whole_batch(
+    think_ends: list[int], served: list[set[int]]
+) -> None:
+    # Requests 0..n-1: -1 answers from its prompt, k >= 0 thinks and emits END at its k-th
+    # token; at step s + 1 the requests in served[s] get a token. One policy gets each step's
+    # whole batch; the other what vLLM's adapter sends: observe_steady first, and if refused
+    # the batch without continuing_streams, with every id. Phases, token counts, gaps, stats
+    # and what the listener hears are the same.
+    policies = {}
+    for mode in ("whole", "split"):
+        listener, clock = Recording(), Clock()
+        policies[mode] = (make_policy(listener=listener, clock=clock), listener, clock)
+    rids = [f"r{i}" for i in range(len(think_ends))]
+    for policy, _, _ in policies.values():
+        for rid, end in zip(rids, think_ends, strict=True):
+            policy.track(rid, THINK_PROMPT if end >= 0 else PLAIN_PROMPT)
+    emitted = dict.fromkeys(rids, 0)
+    for s, who in enumerate(served):
+        step = s + 1
+        batch = {}
+        for i in sorted(who):
+            if i < len(rids):
+                rid = rids[i]
+                batch[rid] = [END if emitted[rid] == think_ends[i] else 9]
+                emitted[rid] += 1
+        if not batch:
+            continue
+        for mode, (policy, _, clock) in policies.items():
+            clock.now = float(step)
+            if mode == "whole":
+                policy.observe_many(batch, step)
+            elif not policy.observe_steady(list(batch), step):
+                continuing = policy.continuing_streams(step)
+                rest = {rid: toks for rid, toks in batch.items() if rid not in continuing}
+                policy.observe_many(rest, step, list(batch))
+    (whole, heard, _), (split, told, _) = policies["whole"], policies["split"]
+    assert split.stats.snapshot() == whole.stats.snapshot()
+    for rid in rids:
+        assert split.phase(rid) is whole.phase(rid)
+        assert split.tokens_by_phase(rid, emitted[rid]) == whole.tokens_by_phase(rid, emitted[rid])
+    assert (told.log, told.gaps, told.think_ends) == (heard.log, heard.gaps, heard.think_ends)
+    for policy, _, _ in policies.values():
+        policy.check_integrity()
+
+
 def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
     clock = Clock()
     policy = make_policy(output_budget="auto", clock=clock)
@@ -449,7 +499,7 @@ def test_a_budget_no_batch_can_meet_defers_nothing() -> None:
     for step in range(1, 3 * BUDGET_REFIT_STEPS + 40):
         rows = 2 + step % 7
         plan = policy.plan(thinks, step, num_free_blocks=100)
-        assert plan.skip == []
+        assert not plan.skip
         policy.on_step(num_rows=rows, num_tokens=rows)
         clock.now += 0.025 + 0.0001 * rows
     assert policy.step_time is not None and policy.step_time.num_samples >= 32

@@ -41,6 +41,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -101,6 +102,7 @@ STEP_TIME_WEIGHT = 0.1
 # adapters pass this many).
 ADMISSION_CANDIDATES = 64
 _NO_GUARD = sys.maxsize
+_NO_STREAMS: frozenset[str] = frozenset()
 
 
 def output_budget_setting(rows: int | Literal["auto"]) -> int | Literal["auto"] | None:
@@ -149,7 +151,7 @@ class Plan(Generic[R]):
     """
 
     order: Sequence[R]
-    skip: list[R]
+    skip: Sequence[R]
     num_ranked: int
 
     @property
@@ -379,6 +381,8 @@ class MeridianPolicy:
         self._last_ids: frozenset[str] = frozenset()
         self._num_ranked = 0
         self._next_guard_expiry = _NO_GUARD
+        # The last plan that kept the engine's order and skipped nobody (plan reuses it).
+        self._kept_plan: Plan[Any] | None = None
         # The running list is in the engine's own order, kept because no order could change
         # what the next step does (_order_is_moot); checked again every step.
         self._moot = False
@@ -474,7 +478,10 @@ class MeridianPolicy:
     # -- tokens -----------------------------------------------------------------------------
 
     def observe_many(
-        self, batch: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequence[int]]], step: int
+        self,
+        batch: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequence[int]]],
+        step: int,
+        request_ids: Sequence[str] | None = None,
     ) -> None:
         """Account the new tokens of one engine step: ``{request id: new token ids}`` (or the
         ``(request id, new token ids)`` pairs).
@@ -486,12 +493,22 @@ class MeridianPolicy:
         take the per-request path, in the batch's order. Answer tokens are not fed to the
         router: a phase never changes once a request answers. A request not tracked does not
         stop the others: the batch is applied, then ``KeyError`` names it.
+
+        ``request_ids``: every request that got tokens at ``step``, for a caller that left the
+        :meth:`continuing_streams` of ``step`` out of ``batch`` (their tokens need nothing but
+        their ids; leaving them out spares building and walking their entries).
         """
         deltas = batch if isinstance(batch, dict) else dict(batch)
         served, answered = self._served, self._answered
         self._served_ids = None
-        keys = deltas.keys()
-        hits = served & keys if self._served_step == step - 1 else set()
+        if self._served_step != step - 1:
+            hits: set[str] = set()
+        elif request_ids is None:
+            hits = served & deltas.keys()
+        elif len(request_ids) - len(deltas) == len(served):
+            hits = served  # every one of them got tokens
+        else:
+            hits = served.intersection(request_ids)
         if len(hits) != len(served):
             # Streams served last time and not now stall: remember their last answer step.
             last = self._served_step
@@ -499,12 +516,18 @@ class MeridianPolicy:
                 answered[rid] = last
         self._served = hits
         self._served_again(step, len(hits))
-        if len(hits) != len(deltas):
+        if len(deltas) != (len(hits) if request_ids is None else 0):
             # Thinking requests' deltas without a boundary are counted in one pass; the rest
             # (boundaries, first tokens, answer streams back from a stall) one by one.
-            rest = self.router.observe_thinking(deltas, hits)
+            rest = self.router.observe_thinking(deltas, hits if request_ids is None else ())
             if rest:
                 self._observe_rest(rest, deltas, step)
+
+    def continuing_streams(self, step: int) -> AbstractSet[str]:
+        """The answer streams whose tokens at ``step`` continue without a gap (those served at
+        ``step - 1``): what a caller of :meth:`observe_many` with ``request_ids`` leaves out of
+        its batch. Read-only; valid until the next call that observes tokens."""
+        return self._served if self._served_step == step - 1 else _NO_STREAMS
 
     def observe_steady(self, request_ids: Sequence[str], step: int) -> bool:
         """The common step, checked and accounted without a token batch: when
@@ -679,6 +702,8 @@ class MeridianPolicy:
         if timed is None:
             return
         self._timed_step = None
+        # Kept and folded into the fit in batches: one fold of many samples runs hot, one per
+        # step would run in the cold caches the engine's forward pass leaves.
         self._step_samples.append((timed[0], now - timed[1]))
         if len(self._step_samples) >= BUDGET_REFIT_STEPS:
             self._refit_output_budget()
@@ -748,6 +773,14 @@ class MeridianPolicy:
             paced = self._pace_answers(order, now_time, held)
             if paced:
                 skip = skip + paced if skip else paced
+        if order is running and not skip:
+            # The common plan: the engine's order, nobody skipped. One object serves every such
+            # step while the running list and the ranking stay (a frozen dataclass is slow to
+            # build in the caches a forward pass leaves cold).
+            kept = self._kept_plan
+            if kept is None or kept.order is not running or kept.num_ranked != self._num_ranked:
+                kept = self._kept_plan = Plan(running, (), self._num_ranked)
+            return kept
         return Plan(order, skip, self._num_ranked)
 
     def _pace_answers(self, order: Sequence[R], now: float, held: list[R]) -> list[R]:

@@ -149,6 +149,8 @@ def _ends_with(seq: Sequence[int], end: int, marker: tuple[int, ...]) -> bool:
     k = len(marker)
     if end < k:
         return False
+    if k == 1:  # a special token (the common marker): no slice
+        return seq[end - 1] == marker[0]
     return tuple(seq[end - k : end]) == marker
 
 
@@ -170,6 +172,8 @@ def _contains(seq: Sequence[int], needle: tuple[int, ...]) -> bool:
     """True when the token sequence ``needle`` occurs contiguously in ``seq``."""
     hay = seq if isinstance(seq, list | tuple) else list(seq)
     first, k = needle[0], len(needle)
+    if first not in hay:  # the common case, without index()'s exception
+        return False
     i = 0
     # Jump between occurrences of the first token with C-level index(); needles are short.
     while True:

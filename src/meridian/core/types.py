@@ -49,6 +49,10 @@ class ForceReason(enum.Enum):
     OVERTHINKING = "overthinking"
     HARD_CAP = "hard_cap"
 
+    # Members are singletons: hash by identity, in C, instead of Enum's Python-level
+    # hash(name) (counters keyed by reason are updated on the per-request hot path).
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True, slots=True)
 class EnterThink:

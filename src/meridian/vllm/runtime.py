@@ -25,6 +25,7 @@ This module imports neither torch nor vllm at import time.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -67,6 +68,7 @@ KNOB_MAX_THINK_TOKENS = "meridian_max_think_tokens"
 KNOB_FORCING = "meridian_forcing"
 KNOB_SIGNALS = "meridian_signals"
 _KNOBS = (KNOB_MAX_THINK_TOKENS, KNOB_FORCING, KNOB_SIGNALS)
+_KNOB_SET = frozenset(_KNOBS)
 _FORCING_VALUES: Mapping[str, bool] = {"on": True, "off": False}
 _SIGNALS_BY_VALUE: Mapping[object, Signals] = {s.value: s for s in Signals}
 
@@ -269,14 +271,18 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
     """
     if not extra_args:
         return None
-    # Parsed once per request, in the scheduler's add_request: no generator or enum scan here.
-    unknown = [k for k in extra_args if k.startswith("meridian_") and k not in _KNOBS]
-    if unknown:
-        raise RequestArgsError(
-            f"extra_args: unknown Meridian key {min(unknown)!r}; known keys: {', '.join(_KNOBS)}"
-        )
-    if extra_args.keys().isdisjoint(_KNOBS):
-        return None
+    # Parsed once per request by the scheduler and twice by the logits processor: no generator
+    # or enum scan here, and only keys outside the knobs are looked at one by one.
+    keys = extra_args.keys()
+    if not keys <= _KNOB_SET:
+        unknown = [k for k in keys if k.startswith("meridian_") and k not in _KNOB_SET]
+        if unknown:
+            raise RequestArgsError(
+                f"extra_args: unknown Meridian key {min(unknown)!r}; known keys: "
+                f"{', '.join(_KNOBS)}"
+            )
+        if keys.isdisjoint(_KNOB_SET):
+            return None
     cap = extra_args.get(KNOB_MAX_THINK_TOKENS)
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise RequestArgsError(
@@ -304,4 +310,10 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
         raise RequestArgsError(
             f"extra_args.{KNOB_SIGNALS} must be one of {names}; got {raw_signals!r}"
         )
+    return _request_budget(cap, forcing, signals)
+
+
+@functools.lru_cache(maxsize=256)
+def _request_budget(cap: int | None, forcing: bool, signals: Signals) -> RequestBudget:
+    """One shared (immutable) :class:`RequestBudget` per distinct knob setting."""
     return RequestBudget(max_think_tokens=cap, forcing=forcing, signals=signals)

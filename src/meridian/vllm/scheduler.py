@@ -506,29 +506,34 @@ class MeridianScheduler(Scheduler):
         """Feed the step's new tokens to the policy in one batch, ``{request id: new token
         ids}``: those of the outputs ``update_from_output`` returns (``{client:
         EngineCoreOutputs}``), after vLLM's stop checks; on the common step (the same answer
-        streams as the step before) only their ids (``observe_steady``). (Comprehensions:
-        ``attrgetter`` over vLLM's msgspec structs costs twice as much.)"""
+        streams as the step before) only their ids (``observe_steady``), and on the others the
+        tokens of every request but the answer streams continuing from the step before, whose
+        ids suffice (``continuing_streams``). (Comprehensions: ``attrgetter`` over vLLM's
+        msgspec structs costs twice as much.)"""
         if not outputs:
             return
         start = time.perf_counter()
         try:  # fail open (as _guarded, without its object on this per-step path)
             policy, step = self.meridian_policy, self.current_step
-            lists = [client.outputs for client in outputs.values()]
-            ids = [
-                out.request_id
-                for outs in lists
-                for out in outs
-                if out.new_token_ids  # not an output without tokens (an error, a pooling result)
-            ]
+            clients = list(outputs.values())  # one per front-end client; mostly one
+            outs = (
+                clients[0].outputs
+                if len(clients) == 1
+                else [out for client in clients for out in client.outputs]
+            )
+            # Not an output without tokens (an error, a pooling result).
+            ids = [out.request_id for out in outs if out.new_token_ids]
             if ids and not policy.observe_steady(ids, step):
+                # The answer streams served in the step before need only their ids.
+                served = policy.continuing_streams(step)
                 policy.observe_many(
                     {
                         out.request_id: out.new_token_ids
-                        for outs in lists
                         for out in outs
-                        if out.new_token_ids
+                        if out.new_token_ids and out.request_id not in served
                     },
                     step,
+                    ids,
                 )
         except Exception as exc:
             self._policy_error("update_from_output", exc)
