@@ -360,12 +360,15 @@ class MeridianPolicy:
         # Answer pacing: the pace (s; 0 off), the clock at each recent step's tokens, and the
         # mean step duration (plan to plan, exponentially weighted).
         self._answer_pace_s = float(config.answer_pace_ms) / 1000.0
-        self._token_times: dict[int, float] = {}
-        # Steps of token times kept: for pacing, and for the answer gaps a listener hears.
+        # Steps of token times kept: for pacing, and for the answer gaps a listener hears. A
+        # ring indexed by step: the step each slot was stamped for, and its clock (two list
+        # stores a step, where a dict would hash, insert, delete and now and then rebuild).
         self._time_history = max(
             PACE_HISTORY_STEPS if self._answer_pace_s else 0,
             GAP_HISTORY_STEPS if listener is not None else 0,
         )
+        self._stamped_steps = [-1] * self._time_history
+        self._stamped_times = [0.0] * self._time_history
         self._mean_step_s = 0.0
         self._idle = True
         # (rows, start time) of the last step if it was decode-only: a step-time sample.
@@ -548,18 +551,30 @@ class MeridianPolicy:
     def _served_again(self, step: int, num_streams: int) -> None:
         """Stamp ``step``'s time and count ``num_streams`` answer streams served in it and in
         the step before (a gap of one step, the step's duration)."""
-        times = self._token_times
-        if self._time_history:
-            times[step] = self.clock()
-            times.pop(step - self._time_history, None)
+        history = self._time_history
+        if history:
+            now = self.clock()
+            i = step % history
+            self._stamped_steps[i] = step
+            self._stamped_times[i] = now
         self._served_step = step
         if num_streams:
             if not self.stats.max_answer_gap_steps:
                 self.stats.max_answer_gap_steps = 1
-            prev = step - 1
-            if self.listener is not None and prev in times:
-                # Every stream served in both steps waited the same step time.
-                self.listener.answer_gaps(times[step] - times[prev], num_streams)
+            if self.listener is not None and history:  # (a listener keeps a history)
+                i = (step - 1) % history
+                if self._stamped_steps[i] == step - 1:
+                    # Every stream served in both steps waited the same step time.
+                    self.listener.answer_gaps(now - self._stamped_times[i], num_streams)
+
+    def _token_time(self, step: int) -> float | None:
+        """The clock when ``step``'s tokens were observed, while kept (``None``: not kept)."""
+        history = self._time_history
+        if history:
+            i = step % history
+            if self._stamped_steps[i] == step:
+                return self._stamped_times[i]
+        return None
 
     def _observe_rest(
         self, rest: list[str], deltas: Mapping[str, Sequence[int]], step: int
@@ -572,7 +587,7 @@ class MeridianPolicy:
         thinking_deltas: list[Sequence[int]] = []
         others: list[str] = []
         unknown: list[str] = []
-        stats, answered, states, times = self.stats, self._answered, self._states, self._token_times
+        stats, answered, states = self.stats, self._answered, self._states
         served, listener = self._served, self.listener
         for rid in rest:
             state = states.get(rid)
@@ -587,8 +602,10 @@ class MeridianPolicy:
                 stats.max_answer_gap_steps = max(stats.max_answer_gap_steps, gap)
                 stats.num_answer_gaps_over_2 += gap > 2
                 served.add(rid)
-                if listener is not None and last in times:
-                    listener.answer_gaps(times[step] - times[last], 1)
+                if listener is not None:
+                    then, now = self._token_time(last), self._token_time(step)
+                    if then is not None and now is not None:
+                        listener.answer_gaps(now - then, 1)
             elif st.phase is think:
                 rids.append(rid)
                 thinking.append(st)
@@ -615,21 +632,21 @@ class MeridianPolicy:
         Called for every PREFILL request's delta (PREFILL -> OUTPUT emits no event but changes
         the request's rank) and for thinking requests whose delta had events.
         """
-        listener = self.listener
+        listener, state = self.listener, self._states[rid]
         for event in events:
             if isinstance(event, ExitThink):
-                self._on_think_exit(rid, event)
+                self._on_think_exit(rid, state, event)
             if listener is not None:
                 if isinstance(event, EnterThink):
                     listener.reasoning_started(rid)  # a generated think_start
                 listener.phase_event(rid, event)
-        state = self._states[rid]
-        if state.phase is not Phase.PREFILL:
+        phase = state.phase_state.phase
+        if phase is not Phase.PREFILL:
             # The phase changed (or it left PREFILL on this delta's first token).
             self._dirty = True
             self.revision += 1
             if rid in self._queued:
-                self.queues.set_phase(rid, state.phase)
+                self.queues.set_phase(rid, phase)
         if state.phase_state.num_output_tokens and not self._has_answered(rid):
             # Its first answer tokens (a delta can end the think phase and start the answer).
             self._first_answer(rid, state, step)
@@ -646,11 +663,11 @@ class MeridianPolicy:
         if self.listener is not None and _reasoned(state.phase_state):
             self.listener.first_answer(rid)
 
-    def _on_think_exit(self, rid: str, event: ExitThink) -> None:
+    def _on_think_exit(self, rid: str, state: RequestState, event: ExitThink) -> None:
         stats = self.stats
         stats.num_think_exits += 1
         stats.think_tokens_total += event.think_tokens
-        cap = self._states[rid].cap
+        cap = state.cap
         forced = cap is not None and event.think_tokens == cap + self.transition_len
         if forced:
             stats.num_forced_inferred[ForceReason.HARD_CAP] += 1
@@ -697,17 +714,6 @@ class MeridianPolicy:
         self.queues.serve_all()
         self.revision += 1
 
-    def _sample_step_time(self, now: float) -> None:
-        timed = self._timed_step
-        if timed is None:
-            return
-        self._timed_step = None
-        # Kept and folded into the fit in batches: one fold of many samples runs hot, one per
-        # step would run in the cold caches the engine's forward pass leaves.
-        self._step_samples.append((timed[0], now - timed[1]))
-        if len(self._step_samples) >= BUDGET_REFIT_STEPS:
-            self._refit_output_budget()
-
     def _refit_output_budget(self) -> None:
         """Fold the collected samples into the fit and derive the output budget."""
         samples, self._step_samples = self._step_samples, []
@@ -735,8 +741,16 @@ class MeridianPolicy:
         (``stats.num_reordered_steps`` counts the others).
         """
         now_time = self.clock()
-        if self._timed_step is not None:
-            self._sample_step_time(now_time)
+        timed = self._timed_step
+        if timed is not None:
+            # The last step's time, a sample of the output-budget fit. Kept and folded in
+            # batches: one fold of many samples runs hot, one a step would run in the cold
+            # caches the engine's forward pass leaves.
+            self._timed_step = None
+            samples = self._step_samples
+            samples.append((timed[0], now_time - timed[1]))
+            if len(samples) >= BUDGET_REFIT_STEPS:
+                self._refit_output_budget()
         if self._answer_pace_s:
             if not self._idle:
                 dt = now_time - self._plan_time
@@ -745,7 +759,7 @@ class MeridianPolicy:
         self._plan_time = now_time
         self.stats.num_plans += 1
         order: Sequence[R] = running
-        skip: list[R] = []
+        skip: Sequence[R] = ()
         if len(running) >= 2:
             # Engines append every request they admit and otherwise only remove, so a
             # newcomer, if any, is last: checking the tail avoids touching every request.
@@ -766,13 +780,15 @@ class MeridianPolicy:
                 else:
                     order, skip = self._full_order(running, step)
                     self._moot_size = -1
-        held = self._hold_answers(order, num_free_blocks) if num_free_blocks < len(order) else []
-        if held:
-            skip = skip + held if skip else held
+        held: Sequence[R] = ()
+        if num_free_blocks < len(order):
+            held = self._hold_answers(order, num_free_blocks)
+            if held:
+                skip = [*skip, *held] if skip else held
         if self._answer_pace_s and len(order) > 1:
             paced = self._pace_answers(order, now_time, held)
             if paced:
-                skip = skip + paced if skip else paced
+                skip = [*skip, *paced] if skip else paced
         if order is running and not skip:
             # The common plan: the engine's order, nobody skipped. One object serves every such
             # step while the running list and the ranking stay (a frozen dataclass is slow to
@@ -783,16 +799,16 @@ class MeridianPolicy:
             return kept
         return Plan(order, skip, self._num_ranked)
 
-    def _pace_answers(self, order: Sequence[R], now: float, held: list[R]) -> list[R]:
+    def _pace_answers(self, order: Sequence[R], now: float, held: Sequence[R]) -> list[R]:
         """Answer streams that can skip this step and still get their next token within the
         pace of their last one (it would come at the end of the next step: now + 2 steps)."""
         deadline = now + 2.0 * self._mean_step_s - self._answer_pace_s
-        last_answer, times = self._last_answer_step, self._token_times
+        last_answer, token_time = self._last_answer_step, self._token_time
         paced: list[R] = []
         for request in order:
             last = last_answer(request.request_id)
             if last is not None:
-                t = times.get(last)
+                t = token_time(last)
                 if (
                     t is not None
                     and t >= deadline
