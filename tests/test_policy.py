@@ -263,6 +263,8 @@ def test_tokens_of_an_untracked_request_are_named_after_the_batch() -> None:
 class Recording:
     """A listener that writes down what the policy reports."""
 
+    phase_events = True
+
     def __init__(self) -> None:
         self.log: list[tuple[str, str]] = []
         self.preemptions: list[tuple[Phase, int]] = []
@@ -281,7 +283,7 @@ class Recording:
     def preempted(self, phase: Phase, num_blocks: int) -> None:
         self.preemptions.append((phase, num_blocks))
 
-    def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
+    def think_ended(self, request_id: str, num_think_tokens: int, hard_cap: bool) -> None:
         self.think_ends.append((num_think_tokens, hard_cap))
 
     def reasoning_started(self, request_id: str) -> None:
@@ -321,6 +323,21 @@ def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> Non
         ExitThink.__name__,
     ]
     assert listener.think_ends[-1] == (2, True)
+
+
+def test_a_listener_without_phase_events_hears_the_rest() -> None:
+    # phase_events False (vLLM's adapter without traces): no request_started, phase_event or
+    # forced-budget event, and the same reasoning start, think ends, first answers, finishes.
+    listener = Recording()
+    listener.phase_events = False
+    policy = make_policy(listener=listener)
+    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    for step, token in [(1, 7), (2, 7), (3, END), (4, 9)]:
+        r.emit(policy, token, step)
+    policy.untrack("r")
+    assert listener.log == [("reasoning", "r"), ("first answer", "r"), ("finish", "r")]
+    assert listener.think_ends == [(2, True)]
+    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
 
 
 def test_reasoning_starts_at_a_generated_think_start_and_tokens_split_by_phase() -> None:
@@ -404,54 +421,111 @@ def test_answer_gaps_match_each_streams_own_token_steps(
     assert not policy._served and not policy._answered
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
-    st.lists(st.integers(-1, 12), min_size=1, max_size=8),
-    st.lists(st.sets(st.integers(0, 7)), min_size=1, max_size=30),
+    st.lists(st.integers(-1, 25), min_size=1, max_size=8),
+    st.lists(
+        st.tuples(st.sets(st.integers(0, 7)), st.integers(1, 6), st.booleans(), st.booleans()),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from([(START,), (START, 5, 6)]),
 )
-def test_the_adapters_split_batches_account_as_the_whole_batch(
-    think_ends: list[int], served: list[set[int]]
+def test_the_adapters_protocol_accounts_as_the_whole_batch(
+    scripts: list[int], runs: list[tuple[set[int], int, bool, bool]], think_start: tuple[int, ...]
 ) -> None:
-    # Requests 0..n-1: -1 answers from its prompt, k >= 0 thinks and emits END at its k-th
-    # token; at step s + 1 the requests in served[s] get a token. One policy gets each step's
-    # whole batch; the other what vLLM's adapter sends: observe_steady first, and if refused
-    # the batch without continuing_streams, with every id. Phases, token counts, gaps, stats
-    # and what the listener hears are the same.
+    # Request i follows scripts[i]: -1 answers at once (a chat); k in 0..12 thinks from its
+    # prompt and emits END as its k-th token; 13 + k generates think_start first (one token, or
+    # three: a prompt still deciding its phase for a while), then thinks, END k tokens later.
+    # Each run: the same requests get tokens for `length` steps (two tokens each on the run's
+    # first step when `double`; a reader asks every request's tokens by phase after the run
+    # when `read`). One policy gets each step's whole batch (observe_many); the other what
+    # vLLM's adapter sends: observe_steady first, and if refused observe_rows, which counts a
+    # steady batch's thinking rows in bulk. Phases, token counts, gaps, stats and what the
+    # listener hears are the same throughout.
+    model = ReasoningModel(think_start=think_start, think_end=(END,))
     policies = {}
-    for mode in ("whole", "split"):
+    for mode in ("whole", "adapter"):
         listener, clock = Recording(), Clock()
-        policies[mode] = (make_policy(listener=listener, clock=clock), listener, clock)
-    rids = [f"r{i}" for i in range(len(think_ends))]
+        policy = MeridianPolicy(
+            model, SchedulerConfig(), block_size=4, capacity=64, listener=listener, clock=clock
+        )
+        policies[mode] = (policy, listener, clock)
+    rids = [f"r{i}" for i in range(len(scripts))]
     for policy, _, _ in policies.values():
-        for rid, end in zip(rids, think_ends, strict=True):
-            policy.track(rid, THINK_PROMPT if end >= 0 else PLAIN_PROMPT)
+        for rid, script in zip(rids, scripts, strict=True):
+            policy.track(rid, [10, 11, *think_start] if 0 <= script <= 12 else PLAIN_PROMPT)
     emitted = dict.fromkeys(rids, 0)
-    for s, who in enumerate(served):
-        step = s + 1
-        batch = {}
-        for i in sorted(who):
-            if i < len(rids):
-                rid = rids[i]
-                batch[rid] = [END if emitted[rid] == think_ends[i] else 9]
-                emitted[rid] += 1
-        if not batch:
-            continue
-        for mode, (policy, _, clock) in policies.items():
-            clock.now = float(step)
-            if mode == "whole":
-                policy.observe_many(batch, step)
-            elif not policy.observe_steady(list(batch), step):
-                continuing = policy.continuing_streams(step)
-                rest = {rid: toks for rid, toks in batch.items() if rid not in continuing}
-                policy.observe_many(rest, step, list(batch))
-    (whole, heard, _), (split, told, _) = policies["whole"], policies["split"]
-    assert split.stats.snapshot() == whole.stats.snapshot()
+
+    def next_token(i: int) -> int:
+        j, script = emitted[rids[i]], scripts[i]
+        emitted[rids[i]] += 1
+        if script > 12:  # generated think_start first
+            if j < len(think_start):
+                return think_start[j]
+            j, script = j - len(think_start), script - 13
+        return END if j == script else 9
+
+    step = 0
+    for who, length, double, read in runs:
+        present = sorted(i for i in who if i < len(rids))
+        for k in range(length):
+            step += 1
+            if not present:
+                continue
+            batch = {
+                rids[i]: [next_token(i)] + ([next_token(i)] if double and k == 0 else [])
+                for i in present
+            }
+            for mode, (policy, _, clock) in policies.items():
+                clock.now = float(step)
+                ids = list(batch)
+                if mode == "whole":
+                    policy.observe_many(batch, step)
+                elif not policy.observe_steady(ids, step):
+                    policy.observe_rows(ids, list(batch.values()), step)
+        if read:
+            for rid in rids:
+                whole, adapter = (
+                    p.tokens_by_phase(rid, emitted[rid]) for p, _, _ in policies.values()
+                )
+                assert adapter == whole
+    (whole, heard, _), (adapter, told, _) = policies["whole"], policies["adapter"]
+    assert adapter.stats.snapshot() == whole.stats.snapshot()
     for rid in rids:
-        assert split.phase(rid) is whole.phase(rid)
-        assert split.tokens_by_phase(rid, emitted[rid]) == whole.tokens_by_phase(rid, emitted[rid])
+        assert adapter.phase(rid) is whole.phase(rid)
+        ours, theirs = adapter.state(rid).phase_state, whole.state(rid).phase_state
+        assert (ours.num_generated_tokens, ours.num_think_tokens, ours.num_marker_tokens) == (
+            theirs.num_generated_tokens,
+            theirs.num_think_tokens,
+            theirs.num_marker_tokens,
+        )
     assert (told.log, told.gaps, told.think_ends) == (heard.log, heard.gaps, heard.think_ends)
     for policy, _, _ in policies.values():
         policy.check_integrity()
+
+
+def test_a_steady_batch_counts_its_thinking_rows_in_bulk() -> None:
+    # Four thinking requests and an answering one get a token every step: from the third step
+    # on (the same requests twice) their thinking tokens are counted in bulk, and the count a
+    # reader sees, the think phase a capped one ends and the first answer are exact.
+    listener = Recording()
+    policy = make_policy(listener=listener)
+    rids = [f"t{i}" for i in range(4)] + ["c"]
+    for rid in rids:
+        policy.track(rid, THINK_PROMPT if rid != "c" else PLAIN_PROMPT)
+    for step in range(1, 41):
+        tokens = [[END] if rid == "t0" and step == 30 else [9] for rid in rids]
+        if not policy.observe_steady(rids, step):
+            policy.observe_rows(list(rids), tokens, step)
+        if step == 20:
+            assert policy._rows is not None and policy._rows.pending > 10  # counted in bulk
+            assert policy.tokens_by_phase("t1", 20) == (20, 0)
+    assert policy.tokens_by_phase("t0", 40) == (29, 10)
+    assert policy.tokens_by_phase("t3", 40) == (40, 0)
+    assert listener.think_ends == [(29, False)]
+    assert ("first answer", "t0") in listener.log
+    policy.check_integrity()
 
 
 def test_the_output_budget_is_measured_on_the_injected_clock() -> None:

@@ -151,6 +151,40 @@ def test_a_tracking_error_fails_open_for_that_request_only(
         assert len(policy.lengths._sizes) == 1  # ok-1 was tracked to its end
 
 
+def test_an_untracking_error_fails_open_for_that_request_only(
+    engine: Any, chat_prompt: Prompt, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests finishing in the same step are untracked in one batch; an exception for one of
+    them is a policy error, and every one of them is still untracked, its length learned."""
+    with engine(meridian=True) as llm:
+        scheduler, core = scheduler_of(llm), llm.llm_engine
+        policy = scheduler.meridian_policy
+        listener = policy.listener
+        finished_hook = listener.request_finished
+
+        def failing(request_id: str) -> None:
+            if request_id.startswith("bad"):
+                raise RuntimeError("listener failed")
+            finished_hook(request_id)
+
+        monkeypatch.setattr(listener, "request_finished", failing)
+        rids = ("ok-0", "bad-1", "ok-2", "ok-3")
+        for rid in rids:
+            core.add_request(rid, chat_prompt(0, thinking=False), greedy(6))
+        finished = set()
+        while core.has_unfinished_requests():
+            outs = core.step()
+            done = {out.request_id for out in outs if out.finished}
+            assert not done or done == set(rids)  # the same length: one step, one batch
+            finished |= done
+        assert finished == set(rids)
+        assert scheduler.meridian_overhead.policy_errors == 1
+        assert scheduler.meridian_num_tracked == 0
+        assert policy.queues.num_output_queued == policy.queues.num_think_queued == 0
+        assert len(policy.lengths._sizes) == len(rids)
+        policy.check_integrity()
+
+
 def test_forcing_at_the_budget(engine: Any, chat_prompt: Prompt, end_id: int) -> None:
     """A small meridian_max_think_tokens puts </think> exactly at that index; the tokens before
     it are the model's own; forcing off injects nothing; the counters agree."""

@@ -61,6 +61,7 @@ from meridian.core.headroom import (
 )
 from meridian.core.preemption import VICTIM_CLASS, Candidate, rank_victims
 from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
+from meridian.core.rows import SteadyRows
 from meridian.core.stepfit import DecodeStepTime
 from meridian.core.types import (
     EnterThink,
@@ -162,7 +163,14 @@ class Plan(Generic[R]):
 
 
 class PolicyListener(Protocol):
-    """Where the policy reports what operators watch (metrics, traces); the adapter decides."""
+    """Where the policy reports what operators watch (metrics, traces); the adapter decides.
+
+    ``phase_events``: whether the listener wants every phase event (``request_started`` and
+    ``phase_event``, e.g. for traces); when False the policy neither builds nor sends them (the
+    rest is reported either way).
+    """
+
+    phase_events: bool
 
     def request_started(self, request_id: str) -> None: ...
 
@@ -172,7 +180,9 @@ class PolicyListener(Protocol):
 
     def preempted(self, phase: Phase, num_blocks: int) -> None: ...
 
-    def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None: ...
+    def think_ended(self, request_id: str, num_think_tokens: int, hard_cap: bool) -> None:
+        """A request's think phase ended now (its reasoning time with it) after
+        ``num_think_tokens``; ``hard_cap``: at its hard cap, as the token stream tells."""
 
     def reasoning_started(self, request_id: str) -> None:
         """A request's first reasoning token arrived (its first generated token, or a generated
@@ -399,6 +409,11 @@ class MeridianPolicy:
         self.revision = 0
         # Ids in the dual queue: a C-level set beside it for the per-step membership checks.
         self._queued: set[str] = set()
+        # observe_rows: the last step's request ids, and the batch armed for bulk counting
+        # once the same requests got tokens two steps running (a one-token think_end only).
+        self._last_rows: list[str] | None = None
+        self._rows: SteadyRows | None = None
+        self._think_end = model.single_think_end
 
     # -- tracking -------------------------------------------------------------------------
 
@@ -426,7 +441,7 @@ class MeridianPolicy:
         elif tracked_at is None:
             tracked_at = self.clock()
         events = self.router.start(request_id, self.model, prompt_token_ids or ())
-        if self.listener is not None:
+        if self.listener is not None and self.listener.phase_events:
             self.listener.request_started(request_id)
             for event in events:
                 self.listener.phase_event(request_id, event)
@@ -453,22 +468,37 @@ class MeridianPolicy:
         ``num_output_tokens`` (what a request that *completed* generated) teaches the length
         model of headroom admission; leave it out for an aborted request.
         """
-        state = self._states.get(request_id)
-        if state is not None and num_output_tokens is not None:
-            st = state.phase_state
-            think = st.num_think_tokens if _reasoned(st) else None
-            rest = max(0, num_output_tokens - st.num_think_tokens)
-            self.lengths.finished(think, rest, state.num_prompt_tokens)
+        self.untrack_many(((request_id, num_output_tokens),))
+
+    def untrack_many(self, finished: Iterable[tuple[str, int | None]]) -> None:
+        """:meth:`untrack` for each ``(request id, num_output_tokens)`` of ``finished``, in one
+        pass (a batch finishing together)."""
+        self._settle()
+        states, lengths, listener = self._states, self.lengths, self.listener
+        finish, remove = self.router.finish, self.queues.remove
+        queued, partial, served, answered = (
+            self._queued,
+            self._partial,
+            self._served,
+            self._answered,
+        )
+        for request_id, num_output_tokens in finished:
+            state = states.pop(request_id, None)
+            if state is not None and num_output_tokens is not None:
+                st = state.phase_state
+                think = st.num_think_tokens if _reasoned(st) else None
+                rest = max(0, num_output_tokens - st.num_think_tokens)
+                lengths.finished(think, rest, state.num_prompt_tokens)
+            remove(request_id)
+            queued.discard(request_id)
+            partial.pop(request_id, None)
+            served.discard(request_id)
+            answered.pop(request_id, None)
+            # The listener last: if it fails, the request is untracked all the same.
+            if finish(request_id) is not None and listener is not None:
+                listener.request_finished(request_id)
         self.revision += 1
-        if self.router.finish(request_id) is not None and self.listener is not None:
-            self.listener.request_finished(request_id)
-        self.queues.remove(request_id)
-        self._queued.discard(request_id)
-        self._partial.pop(request_id, None)
-        self._states.pop(request_id, None)
-        self._served.discard(request_id)
         self._served_ids = None
-        self._answered.pop(request_id, None)
 
     def phase(self, request_id: str) -> Phase:
         """The tracked phase of a live request."""
@@ -476,7 +506,13 @@ class MeridianPolicy:
 
     def state(self, request_id: str) -> RequestState:
         """The live state of a tracked request (read-only for callers)."""
+        self._settle()
         return self._states[request_id]
+
+    def _settle(self) -> None:
+        """Bring the counts of thinking rows counted in bulk up to date (before reading any)."""
+        if self._rows is not None:
+            self._rows.settle()
 
     # -- tokens -----------------------------------------------------------------------------
 
@@ -501,6 +537,9 @@ class MeridianPolicy:
         :meth:`continuing_streams` of ``step`` out of ``batch`` (their tokens need nothing but
         their ids; leaving them out spares building and walking their entries).
         """
+        if self._rows is not None:  # the armed batch's counts first (observe_rows)
+            self._rows.settle()
+            self._rows = None
         deltas = batch if isinstance(batch, dict) else dict(batch)
         served, answered = self._served, self._answered
         self._served_ids = None
@@ -525,6 +564,99 @@ class MeridianPolicy:
             rest = self.router.observe_thinking(deltas, hits if request_ids is None else ())
             if rest:
                 self._observe_rest(rest, deltas, step)
+
+    def observe_rows(
+        self, request_ids: list[str], tokens: Sequence[Sequence[int]], step: int
+    ) -> None:
+        """:meth:`observe_many` for a caller that holds a step's tokens as two aligned lists:
+        ``tokens[i]`` are the new tokens of ``request_ids[i]`` (vLLM's adapter).
+
+        While the same requests get one token each, step after step, the thinking ones are
+        counted in bulk (:mod:`meridian.core.rows`): such a step costs the requests that need
+        the per-request path (a think phase ending, a first answer) and no pass over the rest.
+        The accounting is :meth:`observe_many`'s.
+        """
+        rows = self._rows
+        if rows is not None:
+            if self._served_step == step - 1 and request_ids == rows.ids:
+                flat = rows.single_tokens(tokens)
+                if flat is not None:
+                    self._observe_bulk(rows, tokens, flat, step)
+                    return
+            rows.settle()
+            self._rows = None
+        served = self.continuing_streams(step)
+        self.observe_many(
+            {rid: t for rid, t in zip(request_ids, tokens, strict=True) if rid not in served},
+            step,
+            request_ids,
+        )
+        if self._think_end is not None and request_ids == self._last_rows:
+            self._arm(request_ids)
+        self._last_rows = request_ids
+
+    def _arm(self, request_ids: list[str]) -> None:
+        """Count the rows of ``request_ids`` in bulk from the next step on (they got tokens
+        in the last two steps)."""
+        states, served, think = self._states, self._served, Phase.THINK
+        thinking: list[RequestPhaseState | None] = []
+        for rid in request_ids:
+            state = states.get(rid)
+            st = None if state is None else state.phase_state
+            thinking.append(
+                st if st is not None and st.phase is think and st.num_generated_tokens else None
+            )
+        self._rows = SteadyRows.arm(request_ids, thinking, [rid in served for rid in request_ids])
+
+    def _observe_bulk(
+        self, rows: SteadyRows, tokens: Sequence[Sequence[int]], flat: list[int], step: int
+    ) -> None:
+        """A step of the armed batch, one token each: the answer streams were served again,
+        the lazy thinking rows got one more token, and the special rows and those whose token
+        ends their think phase take the per-request path."""
+        self._served_again(step, len(self._served))
+        think_end = self._think_end
+        ending = rows.ending(flat, think_end) if think_end is not None and think_end in flat else []
+        if not rows.special and not ending:
+            rows.step_done()
+            return
+        ids, states, answered = rows.ids, self._states, self._answered
+        self._served_ids = None
+        for i in ending:
+            rows.settle_row(i)  # its tokens before this one
+        firsts = [
+            state
+            for state in map(states.get, [ids[i] for i in rows.special])
+            if state is not None
+            and state.phase_state.phase is Phase.OUTPUT
+            and state.request_id not in answered
+        ]
+        try:
+            if len(firsts) == len(rows.special):
+                # The common cases directly, in _observe_rest's order: first answer tokens,
+                # then the think phases these tokens end.
+                for state in firsts:
+                    self._first_answer(state.request_id, state, step)
+                for i in ending:
+                    st = rows.states[i]
+                    assert st is not None
+                    self._after_events(ids[i], self.router.observe_state(st, tokens[i]), step)
+            else:  # (a stall's end, a prompt still deciding its phase, an unknown id)
+                picked = sorted([*rows.special, *ending])
+                self._observe_rest(
+                    [ids[i] for i in picked], {ids[i]: tokens[i] for i in picked}, step
+                )
+        finally:
+            served = self._served
+            special: list[int] = []
+            for i in [*rows.special, *ending]:
+                row = states.get(ids[i])
+                st = None if row is None else row.phase_state
+                if rows.reclassify(i, st, ids[i] in served):
+                    special.append(i)
+            special.sort()
+        rows.special = special
+        rows.step_done()
 
     def continuing_streams(self, step: int) -> AbstractSet[str]:
         """The answer streams whose tokens at ``step`` continue without a gap (those served at
@@ -636,9 +768,9 @@ class MeridianPolicy:
         for event in events:
             if isinstance(event, ExitThink):
                 self._on_think_exit(rid, state, event)
-            if listener is not None:
-                if isinstance(event, EnterThink):
-                    listener.reasoning_started(rid)  # a generated think_start
+            elif isinstance(event, EnterThink) and listener is not None:
+                listener.reasoning_started(rid)  # a generated think_start
+            if listener is not None and listener.phase_events:
                 listener.phase_event(rid, event)
         phase = state.phase_state.phase
         if phase is not Phase.PREFILL:
@@ -671,10 +803,11 @@ class MeridianPolicy:
         forced = cap is not None and event.think_tokens == cap + self.transition_len
         if forced:
             stats.num_forced_inferred[ForceReason.HARD_CAP] += 1
-            if self.listener is not None:
-                self.listener.phase_event(rid, ForceBudget(rid, ForceReason.HARD_CAP))
-        if self.listener is not None:
-            self.listener.think_ended(event.think_tokens, forced)
+        listener = self.listener
+        if listener is not None:
+            if forced and listener.phase_events:
+                listener.phase_event(rid, ForceBudget(rid, ForceReason.HARD_CAP))
+            listener.think_ended(rid, event.think_tokens, forced)
 
     def on_preempt(self, request_id: str, num_blocks: int = 0) -> Phase:
         """Count a preemption by the request's phase (it leaves the dual queue); returns it.
@@ -1051,6 +1184,7 @@ class MeridianPolicy:
         self, requests: Sequence[EngineRequest]
     ) -> tuple[list[int], list[int], list[int]]:
         """Each request's :class:`~meridian.core.headroom.Kind`, progress and tokens now."""
+        self._settle()
         kinds: list[int] = []
         progress: list[int] = []
         tokens: list[int] = []
@@ -1076,6 +1210,7 @@ class MeridianPolicy:
         """(think, answer) tokens of a request that has generated ``num_output_tokens`` (the
         engine's count: the router is not fed answer tokens); ``None`` if it is not tracked.
         Boundary markers, and tokens still deciding a PREFILL request's phase, are in neither."""
+        self._settle()
         state = self._states.get(request_id)
         if state is None:
             return None
@@ -1103,6 +1238,7 @@ class MeridianPolicy:
         The router and the dual queue check themselves; every queued request is tracked, and
         the router and the state table hold the same requests.
         """
+        self._settle()
         self.router.check_integrity()
         self.queues.check_integrity()
         if self.router.tracked_requests != len(self._states):

@@ -271,6 +271,12 @@ class ReasoningModel:
         return cls(think_start=(), think_end=())
 
     @property
+    def single_think_end(self) -> int | None:
+        """The id of a one-token ``think_end`` (``None``: a longer marker, or none)."""
+        single = self._end.single
+        return None if single == _MULTI else single
+
+    @property
     def has_boundaries(self) -> bool:
         """True when the model has a think phase at all."""
         return bool(self.think_start)
@@ -440,6 +446,12 @@ class PhaseRouter:
                 continue
             append(self._feed(st, toks))
         return out
+
+    def observe_state(
+        self, st: RequestPhaseState, token_ids: Sequence[int]
+    ) -> Sequence[PhaseEvent]:
+        """``observe`` for a caller that holds the request's live state (:meth:`state`)."""
+        return self._feed(st, token_ids)
 
     def observe_thinking(
         self, deltas: Mapping[str, Sequence[int]], skip: Container[str] = ()

@@ -55,7 +55,7 @@ from meridian.core.policy import (
     PolicyStats,
     output_budget_setting,
 )
-from meridian.core.types import ExitThink, ForceReason, Phase, PhaseEvent, Tier
+from meridian.core.types import ForceReason, Phase, PhaseEvent, Tier
 from meridian.errors import ConfigError
 from meridian.telemetry import catalogue as cat
 from meridian.telemetry.catalogue import MetricSpec
@@ -150,6 +150,9 @@ class _Telemetry:
         self.tracer = tracer
         self.requests = requests
         self.now = now
+        # Phase events (request_started, phase_event) feed only the traces: without them the
+        # policy spares building and sending them.
+        self.phase_events = tracer.enabled
         # When each request's think phase ended (TTOT runs from there to its first answer),
         # and when its reasoning started (its first reasoning token).
         self._think_ended_at: dict[str, float] = {}
@@ -197,8 +200,7 @@ class _Telemetry:
         self._itl.append((seconds, count))
 
     def request_started(self, request_id: str) -> None:
-        if self.tracer.enabled:
-            self.tracer.request_started(request_id)
+        self.tracer.request_started(request_id)  # (called only while tracing: phase_events)
 
     def request_finished(self, request_id: str) -> None:
         self._think_ended_at.pop(request_id, None)
@@ -207,13 +209,7 @@ class _Telemetry:
             self.tracer.request_finished(request_id)
 
     def phase_event(self, request_id: str, event: PhaseEvent) -> None:
-        if isinstance(event, ExitThink):
-            now = self._think_ended_at[request_id] = self.now()
-            started = self._reasoning_from.pop(request_id, None)
-            if started is not None:
-                self._reasoning.append((max(0.0, now - started), 1))
-        if self.tracer.enabled:
-            self.tracer.phase_event(request_id, event)
+        self.tracer.phase_event(request_id, event)  # (called only while tracing: phase_events)
 
     def preempted(self, phase: Phase, num_blocks: int) -> None:
         self.metrics.count_preemption(phase)
@@ -223,7 +219,11 @@ class _Telemetry:
             tier = Tier.OUTPUT_CRITICAL if phase is Phase.OUTPUT else Tier.THINK_ACTIVE
             self.metrics.count_kv_eviction(tier, num_blocks)
 
-    def think_ended(self, num_think_tokens: int, hard_cap: bool) -> None:
+    def think_ended(self, request_id: str, num_think_tokens: int, hard_cap: bool) -> None:
+        now = self._think_ended_at[request_id] = self.now()
+        started = self._reasoning_from.pop(request_id, None)
+        if started is not None:
+            self._reasoning.append((max(0.0, now - started), 1))
         self._think_tokens.append((num_think_tokens, 1))
         self._num_hard_caps += hard_cap
 
@@ -503,13 +503,12 @@ class MeridianScheduler(Scheduler):
             self._sample_overhead()
 
     def _observe_step(self, outputs: dict[int, Any] | None) -> None:
-        """Feed the step's new tokens to the policy in one batch, ``{request id: new token
-        ids}``: those of the outputs ``update_from_output`` returns (``{client:
-        EngineCoreOutputs}``), after vLLM's stop checks; on the common step (the same answer
-        streams as the step before) only their ids (``observe_steady``), and on the others the
-        tokens of every request but the answer streams continuing from the step before, whose
-        ids suffice (``continuing_streams``). (Comprehensions: ``attrgetter`` over vLLM's
-        msgspec structs costs twice as much.)"""
+        """Feed the step's new tokens to the policy in one batch: those of the outputs
+        ``update_from_output`` returns (``{client: EngineCoreOutputs}``), after vLLM's stop
+        checks; on the common step (the same answer streams as the step before) only their ids
+        (``observe_steady``), on the others the ids and the tokens as two aligned lists
+        (``observe_rows``, which counts a steady batch's thinking rows in bulk).
+        (Comprehensions: ``attrgetter`` over vLLM's msgspec structs costs twice as much.)"""
         if not outputs:
             return
         start = time.perf_counter()
@@ -524,16 +523,8 @@ class MeridianScheduler(Scheduler):
             # Not an output without tokens (an error, a pooling result).
             ids = [out.request_id for out in outs if out.new_token_ids]
             if ids and not policy.observe_steady(ids, step):
-                # The answer streams served in the step before need only their ids.
-                served = policy.continuing_streams(step)
-                policy.observe_many(
-                    {
-                        out.request_id: out.new_token_ids
-                        for out in outs
-                        if out.new_token_ids and out.request_id not in served
-                    },
-                    step,
-                    ids,
+                policy.observe_rows(
+                    ids, [out.new_token_ids for out in outs if out.new_token_ids], step
                 )
         except Exception as exc:
             self._policy_error("update_from_output", exc)
@@ -560,15 +551,24 @@ class MeridianScheduler(Scheduler):
 
     def _untrack(self, *requests: Any) -> None:
         """The policy stops tracking freed requests (their tokens counted, their lengths
-        learned); one timed block for all of them, an error in one does not stop the others."""
-        untrack, count = self.meridian_policy.untrack, self._count_tokens
+        learned), in one timed batch; if it fails, one by one, so an error in one does not
+        stop the others."""
         with self._guarded("free_request"):
-            for request in requests:
+            # A completed request's length teaches headroom admission; an aborted one's not.
+            finished = [
+                (r.request_id, r.num_output_tokens if r.status in _COMPLETED else None)
+                for r in requests
+            ]
+            try:
+                self._count_tokens(requests, done=True)
+                self.meridian_policy.untrack_many(finished)
+                return
+            except Exception as exc:
+                self._policy_error("free_request", exc)
+            for request, (rid, num_output_tokens) in zip(requests, finished, strict=True):
                 try:
-                    count((request,), done=True)
-                    # A completed request's length teaches headroom admission; an aborted not.
-                    completed = request.status in _COMPLETED
-                    untrack(request.request_id, request.num_output_tokens if completed else None)
+                    self._tokens_counted.pop(rid, None)
+                    self.meridian_policy.untrack(rid, num_output_tokens)
                 except Exception as exc:
                     self._policy_error("free_request", exc, request.request_id)
 
