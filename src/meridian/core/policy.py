@@ -142,9 +142,11 @@ class EngineRequest(Protocol):
 R = TypeVar("R", bound=EngineRequest)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Plan(Generic[R]):
-    """One step's decision over the running requests.
+    """One step's decision over the running requests (not frozen: one is built every step, and
+    a frozen dataclass is slow to build in the caches a forward pass leaves cold; nothing keeps
+    it past the step, so it never outlives the engine's objects it lists).
 
     ``order`` is a permutation of them (serve from the front, preempt from the back); ``skip``
     are requests the engine must not schedule this step (vLLM: ``next_decode_eligible_step``);
@@ -394,8 +396,6 @@ class MeridianPolicy:
         self._last_ids: frozenset[str] = frozenset()
         self._num_ranked = 0
         self._next_guard_expiry = _NO_GUARD
-        # The last plan that kept the engine's order and skipped nobody (plan reuses it).
-        self._kept_plan: Plan[Any] | None = None
         # The running list is in the engine's own order, kept because no order could change
         # what the next step does (_order_is_moot); checked again every step.
         self._moot = False
@@ -922,14 +922,6 @@ class MeridianPolicy:
             paced = self._pace_answers(order, now_time, held)
             if paced:
                 skip = [*skip, *paced] if skip else paced
-        if order is running and not skip:
-            # The common plan: the engine's order, nobody skipped. One object serves every such
-            # step while the running list and the ranking stay (a frozen dataclass is slow to
-            # build in the caches a forward pass leaves cold).
-            kept = self._kept_plan
-            if kept is None or kept.order is not running or kept.num_ranked != self._num_ranked:
-                kept = self._kept_plan = Plan(running, (), self._num_ranked)
-            return kept
         return Plan(order, skip, self._num_ranked)
 
     def _pace_answers(self, order: Sequence[R], now: float, held: Sequence[R]) -> list[R]:
