@@ -19,6 +19,7 @@ steps is *starving* and is served the next step whatever the limit says (the sta
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from meridian.config.schema import SchedulerConfig
@@ -100,19 +101,27 @@ class DualQueueScheduler:
 
         Raises ``ValueError`` if the id is already tracked or the phase is ``COMPLETE``.
         """
-        if request_id in self._entries:
-            raise ValueError(
-                f"request {request_id!r} is already scheduled; remove() it before adding it again"
-            )
-        if phase not in _QUEUED_PHASES:
-            raise ValueError(
-                f"request {request_id!r}: cannot add a request in phase {phase.name}; "
-                "expected PREFILL, THINK or OUTPUT"
-            )
-        self._entries[request_id] = _Entry(request_id, self._next_seq, phase)
-        self._next_seq += 1
-        if phase is Phase.THINK:
-            self._num_think_queued += 1
+        self.add_many(((request_id, phase),))
+
+    def add_many(self, arrivals: Iterable[tuple[str, Phase]]) -> None:
+        """:meth:`add` each ``(request id, phase)`` of ``arrivals``, in order (a burst of
+        arrivals in one pass). On an error, the arrivals before it are added."""
+        entries, think = self._entries, Phase.THINK
+        for request_id, phase in arrivals:
+            if request_id in entries:
+                raise ValueError(
+                    f"request {request_id!r} is already scheduled; remove() it before adding it "
+                    "again"
+                )
+            if phase not in _QUEUED_PHASES:
+                raise ValueError(
+                    f"request {request_id!r}: cannot add a request in phase {phase.name}; "
+                    "expected PREFILL, THINK or OUTPUT"
+                )
+            entries[request_id] = _Entry(request_id, self._next_seq, phase)
+            self._next_seq += 1
+            if phase is think:
+                self._num_think_queued += 1
 
     def set_phase(self, request_id: str, phase: Phase) -> None:
         """Move a request to the queue of ``phase``; ``Phase.COMPLETE`` removes it.

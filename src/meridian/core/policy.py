@@ -440,11 +440,15 @@ class MeridianPolicy:
             tracked_at = 0.0  # admission in the engine's order: the wait is never read
         elif tracked_at is None:
             tracked_at = self.clock()
-        events = self.router.start(request_id, self.model, prompt_token_ids or ())
-        if self.listener is not None and self.listener.phase_events:
-            self.listener.request_started(request_id)
+        listener = self.listener
+        if listener is not None and listener.phase_events:
+            events = self.router.start(request_id, self.model, prompt_token_ids or ())
+            st = self.router.state(request_id)
+            listener.request_started(request_id)
             for event in events:
-                self.listener.phase_event(request_id, event)
+                listener.phase_event(request_id, event)
+        else:
+            st = self.router.start_state(request_id, self.model, prompt_token_ids or ())
         if budget is None:
             cap: int | None = self.default_max_think_tokens
         elif budget.forcing:
@@ -453,7 +457,7 @@ class MeridianPolicy:
             cap = None
         self._states[request_id] = RequestState(
             request_id,
-            self.router.state(request_id),
+            st,
             cap,
             len(prompt_token_ids or ()),
             tracked_at=tracked_at,
@@ -1014,9 +1018,7 @@ class MeridianPolicy:
             for rid in queued - by_id.keys():
                 queues.remove(rid)
                 queued.discard(rid)
-            for request in running:
-                if request.request_id not in queued:
-                    self._admit(request.request_id, step)
+            self._admit([r.request_id for r in running if r.request_id not in queued], step)
         return by_id
 
     def _full_order(self, running: Sequence[R], step: int) -> tuple[list[R], list[R]]:
@@ -1058,15 +1060,20 @@ class MeridianPolicy:
         self.stats.num_reordered_steps += 1
         return order, skip
 
-    def _admit(self, rid: str, step: int) -> None:
-        """A request joined the running set (new, or back after a preemption)."""
-        state = self._states[rid]
-        if state.preempted:
-            # It re-entered the running set during the previous step.
-            state.preempted = False
-            state.readmitted_step = step - 1
-        self.queues.add(rid, state.phase)
-        self._queued.add(rid)
+    def _admit(self, rids: list[str], step: int) -> None:
+        """Requests joined the running set (new, or back after a preemption), in this order."""
+        states = self._states
+        for rid in rids:
+            state = states[rid]
+            if state.preempted:
+                # It re-entered the running set during the previous step.
+                state.preempted = False
+                state.readmitted_step = step - 1
+        queues = self.queues
+        try:
+            queues.add_many([(rid, states[rid].phase) for rid in rids])
+        finally:
+            self._queued.update(rid for rid in rids if rid in queues)
 
     def _hold_answers(self, order: Sequence[R], num_free_blocks: int) -> list[R]:
         """Answer streams to skip this step because they need a KV block nobody can give.

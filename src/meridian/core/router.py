@@ -345,8 +345,15 @@ class PhaseRouter:
 
         Raises :class:`DuplicateRequestError` if the id is already tracked.
         """
-        phase = model.initial_phase(prompt_token_ids)
-        st = RequestPhaseState(request_id, model, phase)
+        st = self.start_state(request_id, model, prompt_token_ids)
+        return (EnterThink(request_id),) if st.phase is Phase.THINK else _NO_EVENTS
+
+    def start_state(
+        self, request_id: str, model: ReasoningModel, prompt_token_ids: Sequence[int]
+    ) -> RequestPhaseState:
+        """:meth:`start` for a caller that takes no events: returns the request's live state
+        (:meth:`state`)."""
+        st = RequestPhaseState(request_id, model, model.initial_phase(prompt_token_ids))
         with self._lock:
             if request_id in self._states:
                 raise DuplicateRequestError(
@@ -354,7 +361,7 @@ class PhaseRouter:
                     "finish() it before starting it again"
                 )
             self._states[request_id] = st
-        return (EnterThink(request_id),) if phase is Phase.THINK else _NO_EVENTS
+        return st
 
     def finish(self, request_id: str) -> Complete | None:
         """Stop tracking ``request_id`` (finished or aborted). Idempotent: ``None`` if unknown."""
