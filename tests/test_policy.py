@@ -505,6 +505,27 @@ def test_the_adapters_protocol_accounts_as_the_whole_batch(
         policy.check_integrity()
 
 
+def test_a_request_tracked_again_is_not_counted_as_its_former_self() -> None:
+    # A request untracked (aborted) while its batch counts in bulk, and tracked again under
+    # the same id at the same place: its new state counts its tokens, the old one is gone.
+    policy = make_policy()
+    rids = ["t0", "t1"]
+    for rid in rids:
+        policy.track(rid, THINK_PROMPT)
+    for step in range(1, 6):
+        if not policy.observe_steady(rids, step):
+            policy.observe_rows(rids, [[9], [9]], step)
+    assert policy._rows is not None
+    policy.untrack("t1")
+    policy.track("t1", THINK_PROMPT)
+    for step in range(6, 10):
+        if not policy.observe_steady(rids, step):
+            policy.observe_rows(rids, [[9], [9]], step)
+    assert policy.tokens_by_phase("t0", 9) == (9, 0)
+    assert policy.tokens_by_phase("t1", 4) == (4, 0)
+    policy.check_integrity()
+
+
 def test_a_steady_batch_counts_its_thinking_rows_in_bulk() -> None:
     # Four thinking requests and an answering one get a token every step: from the third step
     # on (the same requests twice) their thinking tokens are counted in bulk, and the count a

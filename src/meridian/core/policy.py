@@ -477,7 +477,12 @@ class MeridianPolicy:
     def untrack_many(self, finished: Iterable[tuple[str, int | None]]) -> None:
         """:meth:`untrack` for each ``(request id, num_output_tokens)`` of ``finished``, in one
         pass (a batch finishing together)."""
-        self._settle()
+        if self._rows is not None:
+            # Counted up to now and disarmed: the batch changes with them (the next step's
+            # requests would not match it anyway), and no bulk step may count a state it holds
+            # for an id that is tracked again.
+            self._rows.settle()
+            self._rows = None
         states, lengths, listener = self._states, self.lengths, self.listener
         finish, remove = self.router.finish, self.queues.remove
         queued, partial, served, answered = (
