@@ -477,12 +477,9 @@ class MeridianPolicy:
     def untrack_many(self, finished: Iterable[tuple[str, int | None]]) -> None:
         """:meth:`untrack` for each ``(request id, num_output_tokens)`` of ``finished``, in one
         pass (a batch finishing together)."""
-        if self._rows is not None:
-            # Counted up to now and disarmed: the batch changes with them (the next step's
-            # requests would not match it anyway), and no bulk step may count a state it holds
-            # for an id that is tracked again.
-            self._rows.settle()
-            self._rows = None
+        # The batch changes with them (the next step's requests would not match it anyway), and
+        # no bulk step may count a state it holds for an id that is tracked again.
+        self._disarm()
         states, lengths, listener = self._states, self.lengths, self.listener
         finish, remove = self.router.finish, self.queues.remove
         queued, partial, served, answered = (
@@ -523,6 +520,11 @@ class MeridianPolicy:
         if self._rows is not None:
             self._rows.settle()
 
+    def _disarm(self) -> None:
+        """Stop counting the armed batch in bulk, its counts brought up to date."""
+        self._settle()
+        self._rows = None
+
     # -- tokens -----------------------------------------------------------------------------
 
     def observe_many(
@@ -546,9 +548,7 @@ class MeridianPolicy:
         :meth:`continuing_streams` of ``step`` out of ``batch`` (their tokens need nothing but
         their ids; leaving them out spares building and walking their entries).
         """
-        if self._rows is not None:  # the armed batch's counts first (observe_rows)
-            self._rows.settle()
-            self._rows = None
+        self._disarm()  # the armed batch's counts first (observe_rows)
         deltas = batch if isinstance(batch, dict) else dict(batch)
         served, answered = self._served, self._answered
         self._served_ids = None
@@ -592,8 +592,7 @@ class MeridianPolicy:
                 if flat is not None:
                     self._observe_bulk(rows, tokens, flat, step)
                     return
-            rows.settle()
-            self._rows = None
+            self._disarm()
         served = self.continuing_streams(step)
         self.observe_many(
             {rid: t for rid, t in zip(request_ids, tokens, strict=True) if rid not in served},
