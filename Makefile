@@ -20,6 +20,7 @@ venv: $(STAMP)
 $(STAMP): requirements.lock pyproject.toml scripts/install-fabrics.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip uninstall --quiet --yes meridian 2>/dev/null || true  # the old name
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	VENV=$(VENV) bash scripts/install-fabrics.sh
 	touch $(STAMP)
@@ -58,7 +59,7 @@ test-vllm: vllm-venv
 ## AsyncScheduler driving Meridian's policy and the simulator (no model needed).
 test-vllm-gpu: vllm-gpu-venv
 	MERIDIAN_REQUIRE_VLLM=1 MERIDIAN_EXPECT_VLLM=0.33.0 $(VLLM_GPU_VENV)/bin/python -m pytest -q \
-		tests/vllm_e2e/test_sim_vllm.py
+		tests/vllm_e2e/test_sim_vllm.py tests/vllm_e2e/test_engine_resolution.py
 
 ## Benchmark clients (GuideLLM) in their own environment, pinned in requirements-clients.lock
 ## (not needed by the tests; several GB, as GuideLLM pulls torch).

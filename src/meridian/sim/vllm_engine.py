@@ -27,7 +27,6 @@ This module imports vLLM and is used from the vLLM environment (``.venv-vllm``).
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from bisect import bisect_right
@@ -66,9 +65,11 @@ from meridian.sim.policies import PascalPolicy, PolicySpec, SchedulerKind
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
 from meridian.sim.steptime import BatchShape, StepTimeModel
 from meridian.sim.streams import EOS_ID, SIM_MODEL, Stream
+from meridian.vllm.resolve import stand_in_model
 from meridian.vllm.runtime import MeridianRuntime
 from meridian.vllm.scheduler import MeridianAsyncScheduler, MeridianScheduler
 from meridian.vllm.serve import kv_offload_transfer_config
+from meridian.vllm.steplog import step_shape
 
 ENGINE_NAME = "vllm"
 # The model directory's context limit: longer than any simulated request.
@@ -98,28 +99,8 @@ _CLASSES: dict[SchedulerKind, tuple[type[Scheduler], type[Scheduler]]] = {
 
 def model_directory(root: Path) -> Path:
     """A model directory vLLM's config accepts: ``config.json`` only (no weights, no
-    tokenizer; the scheduler needs neither). Shapes do not matter to scheduling."""
-    path = root / "sim-model"
-    path.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": 1024,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "max_position_embeddings": MAX_MODEL_LEN,
-        "vocab_size": 151936,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000,
-        "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False,
-        "eos_token_id": EOS_ID,
-    }
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return path
+    tokenizer; the scheduler needs neither), with this simulation's context limit and EOS."""
+    return stand_in_model(root, max_position_embeddings=MAX_MODEL_LEN, eos_token_id=EOS_ID)
 
 
 def build_vllm_config(config: EngineConfig, model_dir: Path, *, priority: bool) -> VllmConfig:
@@ -368,18 +349,11 @@ class VllmEngine:
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         tokens: list[tuple[_Live, int]] = []
-        num_prefill = num_decode = kv_read = 0
         for rid in req_ids:
             n = output.num_scheduled_tokens[rid]
             request = scheduler.requests[rid]
             live = self._live[rid]
             live.num_scheduled_tokens += n
-            computed = request.num_computed_tokens  # after this step's tokens
-            kv_read += computed
-            if n == 1 and computed - 1 >= request.num_prompt_tokens:
-                num_decode += 1
-            else:
-                num_prefill += n
             if request.is_prefill_chunk:
                 sampled.append([])
             elif live.generated >= live.stream.num_output_tokens:
@@ -392,7 +366,8 @@ class VllmEngine:
                 tokens.append((live, token))
         duration = 1
         if req_ids:
-            shape = BatchShape(num_prefill, num_decode, kv_read, len(req_ids))
+            # Counted as a live engine's step log counts it (meridian.vllm.steplog).
+            shape = BatchShape(*step_shape(output.num_scheduled_tokens, scheduler.requests))
             duration = max(1, self.step_model.step_time_ns(shape))
             self.counters.num_steps += 1
             self.counters.num_scheduled_rows += len(req_ids)

@@ -62,6 +62,7 @@ from meridian.telemetry.catalogue import MetricSpec
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer, make_tracer
 from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
+from meridian.vllm.steplog import ENV_STEP_LOG, StepLog
 
 __all__ = [
     "ENV_OUTPUT_BUDGET_ROWS",
@@ -69,6 +70,7 @@ __all__ = [
     "AdapterStats",
     "MeridianAsyncScheduler",
     "MeridianScheduler",
+    "MeridianShadowAsyncScheduler",
     "MeridianShadowScheduler",
 ]
 
@@ -347,6 +349,9 @@ class MeridianScheduler(Scheduler):
         self._uncounted = (0, 0)
         self._sampled_overhead_s = 0.0
         self._published_at = self.meridian_policy.clock()
+        # $MERIDIAN_STEP_LOG: every step's shape and duration, for the simulator's calibration.
+        step_log = os.environ.get(ENV_STEP_LOG)
+        self.meridian_step_log = StepLog(step_log) if step_log else None
         logger.info(
             "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
             self.meridian.model_name,
@@ -471,6 +476,9 @@ class MeridianScheduler(Scheduler):
         finally:
             self.max_num_active_reqs = active_cap
         overhead.stock_schedule_s += time.perf_counter() - stock_start
+        if self.meridian_step_log is not None:
+            with self._guarded("step_log", timed=False):
+                self.meridian_step_log.scheduled(output, self.requests)
         tokens = int(getattr(output, "total_num_scheduled_tokens", 0))
         overhead.num_scheduled_tokens += tokens
         if self.meridian_reorders:
@@ -496,6 +504,8 @@ class MeridianScheduler(Scheduler):
             if not self.has_unfinished_requests():
                 idle = time.perf_counter()
                 self.meridian_policy.on_idle()  # idle until the next request: no step time
+                if self.meridian_step_log is not None:
+                    self.meridian_step_log.idle()
                 self._publish_gauges()  # nothing runs: the batch sizes go to 0 now
                 overhead.update_overhead_s += time.perf_counter() - idle
             ours = overhead.update_overhead_s - ours_before
@@ -721,3 +731,7 @@ class MeridianShadowScheduler(MeridianScheduler):
     """
 
     meridian_reorders: ClassVar[bool] = False
+
+
+class MeridianShadowAsyncScheduler(MeridianShadowScheduler, AsyncScheduler):
+    """:class:`MeridianShadowScheduler` for vLLM's asynchronous scheduling."""
