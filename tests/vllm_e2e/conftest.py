@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -86,6 +87,25 @@ def chat_prompt(tokenizer: Any) -> Callable[[int, bool], str]:
         return text if thinking else text + "\n</think>\n\n"
 
     return make
+
+
+@pytest.fixture
+def tiny_runtime_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fake vLLM config whose runtime comes from $MERIDIAN_CONFIG/$MERIDIAN_MODEL only: the
+    family ``tiny``, ``<think>`` 3 and ``</think>`` 4 (a test may append sections to the file
+    $MERIDIAN_CONFIG names before it builds a processor)."""
+    config = tmp_path / "meridian.toml"
+    config.write_text(
+        "[model.tiny]\n"
+        'think_start = "<think>"\nthink_end = "</think>"\n'
+        "think_start_token_ids = [3]\nthink_end_token_ids = [4]\n"
+        'reasoning_parser = "deepseek_r1"\n'
+    )
+    monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
+    monkeypatch.setenv("MERIDIAN_MODEL", "tiny")
+    return SimpleNamespace(
+        model_config=SimpleNamespace(skip_tokenizer_init=True), structured_outputs_config=None
+    )
 
 
 EngineFactory = Callable[..., Any]
