@@ -56,10 +56,13 @@ test-vllm: vllm-venv
 		tests/vllm_e2e tests/test_vllm_unit.py
 
 ## The scheduler contract on the other vLLM line: the GPU build's (0.33) Scheduler and
-## AsyncScheduler driving Meridian's policy and the simulator (no model needed).
+## AsyncScheduler driving Meridian's policy and the simulator (no model needed), vLLM's own
+## resolution of the runner and scheduling mode against what meridian serve passes, and the V2
+## logits processor on that line's V2 interface types.
 test-vllm-gpu: vllm-gpu-venv
 	MERIDIAN_REQUIRE_VLLM=1 MERIDIAN_EXPECT_VLLM=0.33.0 $(VLLM_GPU_VENV)/bin/python -m pytest -q \
-		tests/vllm_e2e/test_sim_vllm.py tests/vllm_e2e/test_engine_resolution.py
+		tests/vllm_e2e/test_sim_vllm.py tests/vllm_e2e/test_engine_resolution.py \
+		tests/vllm_e2e/test_vllm_logits_v2.py
 
 ## Benchmark clients (GuideLLM) in their own environment, pinned in requirements-clients.lock
 ## (not needed by the tests; several GB, as GuideLLM pulls torch).

@@ -30,6 +30,7 @@ bf16 logits: numpy has no bfloat16; upcast them to float32 before calling :func:
 
 from __future__ import annotations
 
+import copy
 import enum
 import math
 from collections.abc import Sequence
@@ -557,6 +558,16 @@ class EntropyProbe:
         """Forget everything observed (e.g. a preempted request restarts its think phase)."""
         self._eat.reset()
         self._rpdi.reset()
+
+    def copy(self) -> EntropyProbe:
+        """An independent probe in this one's state: observations that may not count (a
+        speculative decoding step's draft rows, :meth:`meridian.core.forcing.ThinkForcer.
+        speculate`) go to the copy, and this probe is left as it is."""
+        clone = copy.copy(self)
+        clone._eat = copy.copy(self._eat)  # plain numbers only
+        clone._rpdi = copy.copy(self._rpdi)
+        clone._rpdi.ring = bytearray(self._rpdi.ring)
+        return clone
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant of either tracker."""

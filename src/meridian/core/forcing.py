@@ -27,10 +27,22 @@ with :meth:`ThinkForcer.resume`: its router state, entropy probe and pending mar
 that comes back with another view (the V1 runner under asynchronous scheduling rebuilds it) is
 added afresh: it replays its output tokens, so phase and counts are exact, but the entropy
 history before is lost (the probe restarts; documented in docs/vllm.md).
+
+Speculative decoding: a request then has several logits rows in one step, the row of its last
+committed token and one row per draft token; row ``j`` sees the committed tokens and the first
+``j`` drafts. After the step's own decision (the first row, as above), :meth:`ThinkForcer.
+speculate` walks the draft rows on a copy of the request's state (router state, probe, pending
+marker) and returns the token to force on each: the rule is the same one, fed one draft at a
+time. The drafts and their rows' entropies are kept; at the next sync the draft rows whose
+token the engine accepted (the new committed tokens start with those drafts) are replayed on
+the request's own state, each as a step of its own (its token, its entropy, its decision,
+records and counters included), so the request ends in the state one-token steps would have
+left it in. Rejected drafts leave no trace.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -42,6 +54,9 @@ from meridian.core.router import PhaseRouter, ReasoningModel, RequestPhaseState
 from meridian.core.types import ForceReason, Phase
 
 __all__ = ["ForceRecord", "ThinkForcer"]
+
+# Phases in which a request may still be forced (PREFILL: its first tokens may open THINK).
+_UNDECIDED = frozenset({Phase.PREFILL, Phase.THINK})
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +83,10 @@ class _Row:
     num_seen: int = 0
     # Remaining think_end ids to emit, one per step, once the policy fired.
     pending: list[int] = field(default_factory=list)
+    # The last step's draft tokens (speculative decoding) and their rows' entropies (NaN: not
+    # measured), kept until the next sync tells which were accepted (ThinkForcer.speculate).
+    drafts: Sequence[int] = ()
+    draft_entropies: Sequence[float] = ()
 
 
 def _forcible(st: RequestPhaseState) -> bool:
@@ -79,6 +98,13 @@ def _wants_entropy(row: _Row) -> bool:
     """This step's entropy of the row would be used: it has a probe, no marker is being
     forced, and it may still be forced."""
     return row.probe is not None and not row.pending and _forcible(row.st)
+
+
+def _may_decide(row: _Row) -> bool:
+    """A later token of the request may be forced or have its entropy used: a marker is being
+    forced, or the request thinks (or may still start thinking) and was not forced."""
+    st = row.st
+    return bool(row.pending) or (st.forced is None and st.phase in _UNDECIDED)
 
 
 class ThinkForcer:
@@ -186,7 +212,9 @@ class ThinkForcer:
         rows = [self._rows[key] for key in keys]
         states: list[RequestPhaseState] = []
         deltas: list[Sequence[int]] = []
-        for row in rows:
+        for key, row in zip(keys, rows, strict=True):
+            if row.drafts:
+                self._settle_drafts(key, row)
             output, seen = row.output, row.num_seen
             n = len(output)
             if n > seen:
@@ -215,6 +243,85 @@ class ThinkForcer:
                 forced.append((i, token))
         return forced
 
+    def wants_draft_entropy(self, key: str) -> bool:
+        """True when the entropies of the request's draft rows this step may be used (by
+        :meth:`speculate`, after this step's :meth:`forced_tokens`): a caller measures them only
+        then."""
+        return _may_decide(self._rows[key])
+
+    def speculate(
+        self, key: str, drafts: Sequence[int], entropies: Sequence[float]
+    ) -> list[int | None]:
+        """The token to force on each draft row of the request this step (``None``: sample
+        freely), after this step's :meth:`forced_tokens`. Row ``j`` (``drafts[j]`` its input,
+        ``entropies[j]`` the entropy of its logits, NaN when not measured) sees the committed
+        tokens and ``drafts[: j + 1]``.
+
+        Decided on a copy of the request's state: nothing is recorded, no counter moves. The
+        drafts and entropies are kept; the next sync replays the rows of the drafts the engine
+        accepted on the request's own state (module docstring). A row after one forced to a
+        token other than its draft is moot (the engine rejects that draft), and is decided all
+        the same.
+        """
+        if len(drafts) != len(entropies):
+            raise ValueError(f"{len(drafts)} draft tokens but {len(entropies)} entropies")
+        row = self._rows[key]
+        if not drafts or not _may_decide(row):
+            row.drafts = row.draft_entropies = ()
+            return [None] * len(drafts)
+        row.drafts, row.draft_entropies = tuple(drafts), tuple(entropies)
+        scratch = _Row(
+            output=(),
+            budget=row.budget,
+            probe=row.probe,
+            st=copy.copy(row.st),
+            cap=row.cap,
+            pending=list(row.pending),
+        )
+        probe_copied = False
+        observe, cannot_fire = self.router.observe_state, self.policy.cannot_fire
+        forced: list[int | None] = []
+        for token, entropy in zip(drafts, entropies, strict=True):
+            observe(scratch.st, (token,))
+            if math.isfinite(entropy) and _wants_entropy(scratch):
+                assert scratch.probe is not None  # (_wants_entropy)
+                if not probe_copied:
+                    scratch.probe, probe_copied = scratch.probe.copy(), True
+                scratch.probe.observe(max(entropy, 0.0))
+            st = scratch.st
+            if not scratch.pending and (
+                not _forcible(st) or cannot_fire(st.num_think_tokens, scratch.cap, scratch.probe)
+            ):
+                forced.append(None)
+                continue
+            token_now, decision = self._next_token(scratch)
+            if decision is not None:
+                # The copy's mark_forced (the router's own state is not touched).
+                st.forced = decision.reason
+            forced.append(token_now)
+        return forced
+
+    def _settle_drafts(self, key: str, row: _Row) -> None:
+        """Replay the last step's draft rows the engine accepted, each as a step of its own:
+        row ``j`` counts when the new tokens start with ``drafts[: j + 1]`` and one more token
+        follows (its own sample). The other new tokens are left to the caller's sync."""
+        drafts, entropies = row.drafts, row.draft_entropies
+        row.drafts = row.draft_entropies = ()
+        output, seen = row.output, row.num_seen
+        limit = min(len(drafts), len(output) - seen - 1)
+        accepted = 0
+        while accepted < limit and output[seen + accepted] == drafts[accepted]:
+            accepted += 1
+        observe = self.router.observe_state
+        for token, entropy in zip(drafts[:accepted], entropies[:accepted], strict=True):
+            observe(row.st, (token,))
+            row.num_seen += 1
+            if math.isfinite(entropy) and _wants_entropy(row):
+                assert row.probe is not None  # (_wants_entropy)
+                row.probe.observe(max(entropy, 0.0))
+            # The decision that row took (its token was forced then): recorded now.
+            self.forced_token(key)
+
     def wants_entropy(self, key: str) -> bool:
         """True when this step's entropy of the request's row would be used."""
         return _wants_entropy(self._rows[key])
@@ -231,23 +338,27 @@ class ThinkForcer:
         Calls the budget policy while the request thinks and was not forced yet; once it
         fires, returns the ``think_end`` ids one per call until the marker is out.
         """
-        row = self._rows[key]
+        token, decision = self._next_token(self._rows[key])
+        if decision is not None:
+            self.router.mark_forced(key, decision.reason)
+            self.num_forced[decision.reason] += 1
+            record = ForceRecord(key, decision.reason, decision.num_think_tokens, decision.detail)
+            self.records.append(record)
+            if self.on_force is not None:
+                self.on_force(record)
+        return token
+
+    def _next_token(self, row: _Row) -> tuple[int | None, ForceDecision | None]:
+        """The token ``row`` must emit now and the policy's decision if it fired just now (for
+        the caller to record); ``row.pending`` is updated. The one place the rule lives."""
         if row.pending:
-            return row.pending.pop(0)
+            return row.pending.pop(0), None
         st = row.st
         if not _forcible(st):
-            return None
-        decision: ForceDecision | None = self.policy.decide(
-            st.num_think_tokens, row.probe, row.budget
-        )
+            return None, None
+        decision = self.policy.decide(st.num_think_tokens, row.probe, row.budget)
         if decision is None:
-            return None
-        self.router.mark_forced(key, decision.reason)
-        self.num_forced[decision.reason] += 1
-        record = ForceRecord(key, decision.reason, decision.num_think_tokens, decision.detail)
-        self.records.append(record)
-        if self.on_force is not None:
-            self.on_force(record)
+            return None, None
         # A partly generated multi-token marker is completed, not restarted (and then
         # the transition phrase would split it, so it is left out).
         ids = self.model.think_end
@@ -255,7 +366,7 @@ class ThinkForcer:
             row.pending = list(ids[st.marker_progress :])
         else:
             row.pending = [*self.transition, *ids]
-        return row.pending.pop(0)
+        return row.pending.pop(0), decision
 
     def phase(self, key: str) -> Phase:
         """The request's phase as of the last ``sync``."""
@@ -272,5 +383,10 @@ class ThinkForcer:
             generated = self.router.state(key).num_generated_tokens
             if generated != row.num_seen:
                 raise AssertionError(f"{key!r}: router saw {generated} tokens, row {row.num_seen}")
+            if len(row.drafts) != len(row.draft_entropies):
+                raise AssertionError(
+                    f"{key!r}: {len(row.drafts)} drafts kept with "
+                    f"{len(row.draft_entropies)} entropies"
+                )
             if row.probe is not None:
                 row.probe.check_integrity()

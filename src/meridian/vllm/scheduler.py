@@ -17,7 +17,9 @@ drives; this class only connects it to a few narrow vLLM hooks and never copies 
   first-choice victim) and the plan's skipped requests get ``next_decode_eligible_step``;
   afterwards the policy learns the step's shape (decode-only steps time the output budget);
 - ``update_from_output``: the step's new tokens, read from the outputs it returns (after
-  vLLM's stop checks), go to the policy in one batch;
+  vLLM's stop checks), go to the policy in one batch; under speculative decoding, the draft
+  tokens vLLM verified for each request (``make_spec_decoding_stats``, which vLLM calls there
+  for a request with drafts only) are counted by the phase the request was in;
 - ``_preempt_request``: the policy counts the preemption by phase.
 
 Fail open: an exception in Meridian's code is logged once per hook and error type with its
@@ -347,6 +349,9 @@ class MeridianScheduler(Scheduler):
         self._overhead_samples: list[tuple[float, int]] = []
         # (think, answer) tokens counted but not yet on meridian_generated_tokens_total.
         self._uncounted = (0, 0)
+        # Draft tokens verified and not yet on meridian_spec_decode_draft_tokens_total: think
+        # accepted, think rejected, output accepted, output rejected.
+        self._drafts = [0, 0, 0, 0]
         self._sampled_overhead_s = 0.0
         self._published_at = self.meridian_policy.clock()
         # $MERIDIAN_STEP_LOG: every step's shape and duration, for the simulator's calibration.
@@ -541,6 +546,43 @@ class MeridianScheduler(Scheduler):
         finally:
             self.meridian_overhead.update_overhead_s += time.perf_counter() - start
 
+    def make_spec_decoding_stats(
+        self,
+        spec_decoding_stats: Any,
+        num_draft_tokens: int,
+        num_accepted_tokens: int,
+        num_invalid_spec_tokens: dict[str, int] | None,
+        request_id: str,
+    ) -> Any:
+        """vLLM's accounting of one request's verified drafts, inside ``update_from_output``
+        and only for a request that had some: the same numbers (drafts a grammar invalidated
+        left out, as vLLM does) go to the draft counts by phase, the phase the request was in
+        when they were proposed (its tokens of this step are observed after this)."""
+        start = time.perf_counter()
+        try:
+            drafted = num_draft_tokens - (
+                num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
+            )
+            try:
+                answering = self.meridian_policy.phase(request_id) is Phase.OUTPUT
+            except KeyError:
+                answering = None  # not tracked (its tracking failed and was counted then)
+            if answering is not None:
+                at = 2 if answering else 0
+                self._drafts[at] += num_accepted_tokens
+                self._drafts[at + 1] += max(0, drafted - num_accepted_tokens)
+        except Exception as exc:
+            self._policy_error("update_from_output", exc, request_id)
+        finally:
+            self.meridian_overhead.update_overhead_s += time.perf_counter() - start
+        return super().make_spec_decoding_stats(
+            spec_decoding_stats,
+            num_draft_tokens=num_draft_tokens,
+            num_accepted_tokens=num_accepted_tokens,
+            num_invalid_spec_tokens=num_invalid_spec_tokens,
+            request_id=request_id,
+        )
+
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
         with self._guarded("preempt_request", request.request_id):
             blocks = -(-request.num_computed_tokens // self.block_size)
@@ -585,7 +627,8 @@ class MeridianScheduler(Scheduler):
     def _sample_overhead(self) -> None:
         """One ``meridian_schedule_overhead_seconds`` sample per step, published in batches (and
         with each batch, the KV held (:meth:`_publish_kv`), the tokens by phase generated since
-        the last one (:meth:`_count_tokens`), the listener's observations and the gauges
+        the last one (:meth:`_count_tokens`) and the draft tokens by phase verified since
+        (:meth:`make_spec_decoding_stats`), the listener's observations and the gauges
         (:meth:`_publish_gauges`)).
 
         A sample is Meridian's time since the previous one (plans, gauges, token accounting,
@@ -617,6 +660,11 @@ class MeridianScheduler(Scheduler):
                 if answer:
                     metrics.count_generated_tokens(Phase.OUTPUT, answer)
                 self._uncounted = (0, 0)
+                drafts = self._drafts
+                if any(drafts):
+                    metrics.count_draft_tokens(Phase.THINK, drafts[0], drafts[1])
+                    metrics.count_draft_tokens(Phase.OUTPUT, drafts[2], drafts[3])
+                    self._drafts = [0, 0, 0, 0]
                 self._telemetry.publish()
                 self._publish_gauges()
             samples.clear()
