@@ -34,7 +34,8 @@ class Phase(enum.IntEnum):
 class Tier(enum.IntEnum):
     """KV tiers in eviction order: lower tiers are evicted and preempted first.
 
-    The integer values are the MRDN v1 wire codes and must never change.
+    The integer values order the tiers (they were the wire codes of the deleted MRDN v1 library,
+    ADR-0015).
     """
 
     THINK_COMPLETE = 0
