@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from meridian.bench.metrics import SloSpec, summarize
+from meridian.bench.offered import offered_load
 from meridian.bench.report import ForcingSummary, SimReport
 from meridian.bench.traces import read_trace
 from meridian.bench.workloads import WORKLOADS, WorkloadParams, generate_workload
@@ -301,6 +302,7 @@ def simulate(
         num_kv_blocks=engine_config.num_kv_blocks,
         static_cap=static_cap,
         arrival_rate=arrival_rate,
+        offered=offered_load(requests, spec.duration_s if spec.workload in WORKLOADS else None),
         summaries={name: summarize(res, spec.slo) for name, res in results.items()},
         forcing=forcing_summaries(streams, caps) if has_reasoning else [],
     )

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from meridian.bench.metrics import PolicySummary
+from meridian.bench.offered import describe
 from meridian.bench.report import SimReport
 from meridian.bench.simrun import SimRunSpec
 from meridian.errors import MeridianError
@@ -86,10 +87,11 @@ _COLUMNS: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
 
 
 def print_summary(console: Console, report: SimReport) -> None:
-    table = Table(
-        title=f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}, "
-        f"engine {report.engine}"
-    )
+    heading = f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}, "
+    heading += f"engine {report.engine}"
+    if report.offered is not None:
+        heading += f"\n{describe(report.offered)}"
+    table = Table(title=heading)
     table.add_column("policy")
     for title, _ in _COLUMNS:
         table.add_column(title, justify="right")
