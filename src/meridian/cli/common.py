@@ -15,6 +15,7 @@ from meridian.bench.metrics import PolicySummary
 from meridian.bench.offered import describe
 from meridian.bench.report import SimReport
 from meridian.bench.simrun import SimRunSpec
+from meridian.bench.workloads import default_duration_s
 from meridian.errors import MeridianError
 from meridian.sim.policies import parse_policies
 
@@ -38,6 +39,9 @@ def make_console() -> Console:
 
 
 def check_workload_args(args: argparse.Namespace) -> None:
+    """Check the workload arguments; an unset ``--duration-s`` becomes the workload's default."""
+    if args.duration_s is None:
+        args.duration_s = default_duration_s(args.workload)
     if not args.duration_s > 0:
         raise MeridianError(f"--duration-s must be > 0; got {args.duration_s}")
     if args.seed < 0:
