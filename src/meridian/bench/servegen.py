@@ -28,9 +28,9 @@ the step says so:
 4. **Lengths.** Input, output and reason ratio by inverse-CDF sampling of the client's table
    for the window (the latest at or before it), each from its own uniform draw. ServeGen uses
    one uniform for all three, which makes them rank-identical (the longest prompt always has
-   the longest output and the highest reasoning share); the data give only each marginal, and
-   the paper reports input and output lengths weakly correlated (for language-model traffic),
-   so they are drawn independently.
+   the longest output and the highest reasoning share), a coupling the data do not show: they
+   hold each field's distribution, not how the fields go together. So they are drawn
+   independently.
 5. **Phases.** ``think = round(output * ratio)``, at most ``output - 1`` so that every request
    answers; the answer is the rest. A request without think tokens is a chat request.
 6. **Entropy.** Each reasoning request gets an entropy trace and a settle point from

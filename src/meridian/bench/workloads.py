@@ -62,12 +62,12 @@ __all__ = [
     "workload_definition",
 ]
 
-# Workloads defined by a [workloads.NAME] table of workloads.toml (Poisson arrivals)...
+# Workloads defined by a [workloads.NAME] table of workloads.toml (Poisson arrivals).
 TABLE_WORKLOADS: tuple[str, ...] = ("synthetic", "math500", "aime", "sharegpt")
-# ...and every bundled workload: servegen-r1 is generated from its own data file
-# (meridian.bench.servegen: production clients, bursty arrivals).
-# ``servegen-r1@HH:MM`` starts at that time of the source's day instead of its default.
+# Production traffic from its own data file (meridian.bench.servegen); ``servegen-r1@HH:MM``
+# starts at that time of the source's day instead of its default.
 SERVEGEN = "servegen-r1"
+# Every bundled workload.
 WORKLOADS: tuple[str, ...] = (*TABLE_WORKLOADS, SERVEGEN)
 DEFAULT_DURATION_S = 30.0
 # servegen-r1's rates and burstiness are per 10-minute window: by default a run is one window.
