@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from meridian.bench.report import SimReport, load_report
 from meridian.bench.servegen import (
@@ -435,3 +437,26 @@ def test_module_examples_run() -> None:
 
     assert doctest.testmod(servegen).failed == 0
     assert doctest.testmod(offered).failed == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rate=st.floats(min_value=0.01, max_value=50.0),
+    duration=st.floats(min_value=0.01, max_value=4000.0),
+    start=st.integers(min_value=0, max_value=86_399),
+    seed=st.integers(min_value=0, max_value=2**32),
+)
+def test_any_span_is_well_formed(rate: float, duration: float, start: int, seed: int) -> None:
+    """Any rate, duration (fractions of a second, several windows, across midnight) and start:
+    arrivals sorted inside the run, lengths whole and positive, think + answer = output, and a
+    total within the rounding of each (client, window) piece of ``rate * duration``."""
+    data = load_servegen()
+    draw = draw_servegen(data, rate, duration, np.random.default_rng(seed), start_s=start)
+    pieces = plan_pieces(data, rate, duration, start)
+    assert sum(p.expected for p in pieces) == pytest.approx(rate * duration, rel=1e-9)
+    assert abs(draw.arrival_ns.size - rate * duration) <= len(pieces)
+    assert np.all(np.diff(draw.arrival_ns) >= 0)
+    if draw.arrival_ns.size:
+        assert draw.arrival_ns[0] >= 0 and draw.arrival_ns[-1] < duration * 1e9
+    assert np.all(draw.prompt >= 1) and np.all(draw.answer >= 1) and np.all(draw.think >= 0)
+    assert np.all(draw.think + draw.answer == draw.output)
