@@ -44,7 +44,7 @@ lint: venv
 	$(BIN)/ruff format --check src tests benchmarks scripts
 
 typecheck: venv
-	$(BIN)/mypy src scripts/gen_docs.py
+	$(BIN)/mypy src scripts/gen_docs.py scripts/build_servegen_r1.py scripts/servegen_r1_profile.py
 
 unit: venv
 	$(BIN)/python -m pytest -q --ignore=tests/vllm_e2e --ignore=tests/test_vllm_unit.py

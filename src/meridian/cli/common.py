@@ -12,8 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from meridian.bench.metrics import PolicySummary
+from meridian.bench.offered import describe
 from meridian.bench.report import SimReport
 from meridian.bench.simrun import SimRunSpec
+from meridian.bench.workloads import default_duration_s
 from meridian.errors import MeridianError
 from meridian.sim.policies import parse_policies
 
@@ -37,6 +39,9 @@ def make_console() -> Console:
 
 
 def check_workload_args(args: argparse.Namespace) -> None:
+    """Check the workload arguments; an unset ``--duration-s`` becomes the workload's default."""
+    if args.duration_s is None:
+        args.duration_s = default_duration_s(args.workload)
     if not args.duration_s > 0:
         raise MeridianError(f"--duration-s must be > 0; got {args.duration_s}")
     if args.seed < 0:
@@ -86,10 +91,11 @@ _COLUMNS: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
 
 
 def print_summary(console: Console, report: SimReport) -> None:
-    table = Table(
-        title=f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}, "
-        f"engine {report.engine}"
-    )
+    heading = f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}, "
+    heading += f"engine {report.engine}"
+    if report.offered is not None:
+        heading += f"\n{describe(report.offered)}"
+    table = Table(title=heading)
     table.add_column("policy")
     for title, _ in _COLUMNS:
         table.add_column(title, justify="right")
