@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable
 
-from meridian.core.router import PhaseRouter, ReasoningModel
+from meridian.core.router import PhaseRouter, ReasoningFormat
 from meridian.core.types import Phase
 
 NUM_REQUESTS = 256
@@ -21,12 +21,12 @@ NUM_STEPS = 2_000
 NUM_DISTINCT_BATCHES = 64  # token batches are pre-built and cycled, so timing excludes building
 TARGET_NS = 1_000.0
 
-QWEN3 = ReasoningModel(think_start=(151667,), think_end=(151668,))
+QWEN3 = ReasoningFormat(think_start=(151667,), think_end=(151668,))
 # Granite-style prose markers: several ids each ("Here is my thought process:" / "...response:").
-GRANITE = ReasoningModel(think_start=(8_001, 8_002, 8_003, 8_004), think_end=(8_001, 8_002, 8_005))
+GRANITE = ReasoningFormat(think_start=(8_001, 8_002, 8_003, 8_004), think_end=(8_001, 8_002, 8_005))
 
 
-def _batches(model: ReasoningModel, rng: random.Random) -> list[list[list[int]]]:
+def _batches(model: ReasoningFormat, rng: random.Random) -> list[list[list[int]]]:
     """Token batches that never complete think_end; Granite's include partial-marker tokens."""
     pool = list(range(1_000, 1_100)) + list(model.think_end[:-1]) * 5
     return [[[rng.choice(pool)] for _ in range(NUM_REQUESTS)] for _ in range(NUM_DISTINCT_BATCHES)]
@@ -41,7 +41,7 @@ def _best_of(repeats: int, run: Callable[[], None]) -> float:
     return best
 
 
-def bench_router(model: ReasoningModel, rng: random.Random) -> float:
+def bench_router(model: ReasoningFormat, rng: random.Random) -> float:
     """ns per token of observe_many over NUM_REQUESTS x NUM_STEPS single-token deltas."""
     router = PhaseRouter()
     rids = [f"req-{i}" for i in range(NUM_REQUESTS)]
@@ -74,7 +74,7 @@ def bench_dict_baseline() -> float:
     return _best_of(5, run) / (NUM_REQUESTS * NUM_STEPS)
 
 
-def bench_observe_single(model: ReasoningModel) -> float:
+def bench_observe_single(model: ReasoningFormat) -> float:
     """ns per token of the unbatched ``observe(rid, token_id)`` path, for reference."""
     router = PhaseRouter()
     rids = [f"req-{i}" for i in range(NUM_REQUESTS)]

@@ -27,11 +27,11 @@ from meridian.core.policy import (
     MeridianPolicy,
     output_budget_setting,
 )
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
 from meridian.core.types import EnterThink, ExitThink, ForceBudget, ForceReason, Phase, PhaseEvent
 
 START, END = 3, 4
-MODEL = ReasoningModel(think_start=(START,), think_end=(END,))
+MODEL = ReasoningFormat(think_start=(START,), think_end=(END,))
 THINK_PROMPT = [10, 11, START]
 PLAIN_PROMPT = [10, 11, 12]
 
@@ -443,7 +443,7 @@ def test_the_adapters_protocol_accounts_as_the_whole_batch(
     # vLLM's adapter sends: observe_steady first, and if refused observe_rows, which counts a
     # steady batch's thinking rows in bulk. Phases, token counts, gaps, stats and what the
     # listener hears are the same throughout.
-    model = ReasoningModel(think_start=think_start, think_end=(END,))
+    model = ReasoningFormat(think_start=think_start, think_end=(END,))
     policies = {}
     for mode in ("whole", "adapter"):
         listener, clock = Recording(), Clock()

@@ -18,7 +18,7 @@ from meridian.core.router import (
     DuplicateRequestError,
     PhaseError,
     PhaseRouter,
-    ReasoningModel,
+    ReasoningFormat,
     UnknownRequestError,
     _compile_marker,
 )
@@ -34,46 +34,46 @@ from meridian.core.types import (
 from meridian.errors import BoundaryError, MeridianError
 
 THINK, END, NL = 151667, 151668, 198
-QWEN3 = ReasoningModel(think_start=(THINK,), think_end=(END,), newline_ids=frozenset({NL}))
-R1 = ReasoningModel(
+QWEN3 = ReasoningFormat(think_start=(THINK,), think_end=(END,), newline_ids=frozenset({NL}))
+R1 = ReasoningFormat(
     think_start=(THINK,), think_end=(END,), newline_ids=frozenset({NL}), think_starts_in_prompt=True
 )
 NO_THINK = (10, 11)  # "/no_think" as two tokens
-QWEN3_NT = ReasoningModel(
+QWEN3_NT = ReasoningFormat(
     think_start=(THINK,), think_end=(END,), newline_ids=frozenset({NL}), no_think=NO_THINK
 )
 # Granite prose markers: "Here is my thought process:" / "Here is my response:".
 HERE, IS, MY, THOUGHT, PROCESS, RESPONSE, COLON = 500, 501, 502, 503, 504, 505, 506
-GRANITE = ReasoningModel(
+GRANITE = ReasoningFormat(
     think_start=(HERE, IS, MY, THOUGHT, PROCESS, COLON),
     think_end=(HERE, IS, MY, RESPONSE, COLON),
     newline_ids=frozenset({NL}),
 )
 
 
-def started(model: ReasoningModel, prompt: Sequence[int], rid: str = "r") -> PhaseRouter:
+def started(model: ReasoningFormat, prompt: Sequence[int], rid: str = "r") -> PhaseRouter:
     router = PhaseRouter()
     router.start(rid, model, prompt)
     return router
 
 
-# -- ReasoningModel ----------------------------------------------------------------------------
+# -- ReasoningFormat ----------------------------------------------------------------------------
 
 
 def test_from_boundaries_keeps_no_think_only_when_supported() -> None:
     ids = BoundaryIds((THINK,), (END,), frozenset({NL}))
-    qwen3 = ReasoningModel.from_boundaries(BUNDLED_MODELS["qwen3"], ids, no_think=NO_THINK)
+    qwen3 = ReasoningFormat.from_boundaries(BUNDLED_MODELS["qwen3"], ids, no_think=NO_THINK)
     assert qwen3.no_think == NO_THINK
     assert qwen3.newline_ids == frozenset({NL})
     assert qwen3.think_starts_in_prompt  # as vLLM's qwen3 parser: reasoning from the start
-    r1 = ReasoningModel.from_boundaries(BUNDLED_MODELS["deepseek_r1"], ids, no_think=NO_THINK)
+    r1 = ReasoningFormat.from_boundaries(BUNDLED_MODELS["deepseek_r1"], ids, no_think=NO_THINK)
     assert r1.no_think == ()
     assert r1.think_starts_in_prompt
 
 
 def test_model_is_hashable_and_coerces_lists() -> None:
-    a = ReasoningModel(think_start=[1, 2], think_end=[3], newline_ids={4})  # type: ignore[arg-type]
-    b = ReasoningModel(think_start=(1, 2), think_end=(3,), newline_ids=frozenset({4}))
+    a = ReasoningFormat(think_start=[1, 2], think_end=[3], newline_ids={4})  # type: ignore[arg-type]
+    b = ReasoningFormat(think_start=(1, 2), think_end=(3,), newline_ids=frozenset({4}))
     assert a == b and hash(a) == hash(b)
     assert a.think_start == (1, 2)
 
@@ -92,12 +92,12 @@ def test_model_rejects_bad_boundaries(
     start: tuple[int, ...], end: tuple[int, ...], in_prompt: bool, match: str
 ) -> None:
     with pytest.raises(BoundaryError, match=match):
-        ReasoningModel(think_start=start, think_end=end, think_starts_in_prompt=in_prompt)
+        ReasoningFormat(think_start=start, think_end=end, think_starts_in_prompt=in_prompt)
 
 
 def test_marker_automaton_is_cached_and_shared() -> None:
-    a = ReasoningModel(think_start=(1, 2), think_end=(3, 4, 3))
-    b = ReasoningModel(think_start=(9,), think_end=(3, 4, 3))
+    a = ReasoningFormat(think_start=(1, 2), think_end=(3, 4, 3))
+    b = ReasoningFormat(think_start=(9,), think_end=(3, 4, 3))
     assert a._end is b._end
     assert _compile_marker((3, 4, 3)) is a._end
 
@@ -135,7 +135,7 @@ def test_kmp_automaton_matches_naive_search(needle: tuple[int, ...], hay: list[i
 @pytest.mark.parametrize(
     ("model", "prompt", "phase"),
     [
-        (ReasoningModel.without_reasoning(), [1, 2, THINK], Phase.OUTPUT),  # rule 1
+        (ReasoningFormat.without_reasoning(), [1, 2, THINK], Phase.OUTPUT),  # rule 1
         (QWEN3_NT, [1, *NO_THINK, 2, THINK], Phase.OUTPUT),  # rule 2 beats the tail
         (QWEN3, [1, *NO_THINK, 2], Phase.PREFILL),  # no no_think support: ignored
         (QWEN3_NT, [1, NO_THINK[0], 2, NO_THINK[1]], Phase.PREFILL),  # not contiguous
@@ -153,7 +153,7 @@ def test_kmp_automaton_matches_naive_search(needle: tuple[int, ...], hay: list[i
         (GRANITE, [1, IS, MY, THOUGHT, PROCESS, COLON], Phase.PREFILL),  # partial marker
     ],
 )
-def test_initial_phase_rules(model: ReasoningModel, prompt: list[int], phase: Phase) -> None:
+def test_initial_phase_rules(model: ReasoningFormat, prompt: list[int], phase: Phase) -> None:
     router = PhaseRouter()
     events = router.start("r", model, prompt)
     assert router.phase("r") is phase
@@ -162,7 +162,7 @@ def test_initial_phase_rules(model: ReasoningModel, prompt: list[int], phase: Ph
 
 
 def test_prompt_tail_marker_that_itself_ends_with_a_newline_token() -> None:
-    model = ReasoningModel(think_start=(7, NL), think_end=(8,), newline_ids=frozenset({NL}))
+    model = ReasoningFormat(think_start=(7, NL), think_end=(8,), newline_ids=frozenset({NL}))
     assert started(model, [1, 7, NL]).phase("r") is Phase.THINK
     assert started(model, [1, 7, NL, NL]).phase("r") is Phase.THINK
     assert started(model, [1, 7]).phase("r") is Phase.PREFILL
@@ -189,7 +189,7 @@ def test_generated_think_start_enters_think_and_is_not_counted() -> None:
 
 def test_think_start_repeated_first_is_a_marker_only_as_the_first_token() -> None:
     # Qwen3 under vLLM's qwen3 parser: THINK from the start; the model still emits <think>.
-    model = ReasoningModel(think_start=(THINK,), think_end=(END,), think_starts_in_prompt=True)
+    model = ReasoningFormat(think_start=(THINK,), think_end=(END,), think_starts_in_prompt=True)
     for feed in ("one", "chunk", "many"):
         router = started(model, [1, 2])
         stream = [THINK, 5, THINK, 6, END, 9]
@@ -281,7 +281,7 @@ def test_granite_failed_partial_end_match_counts_as_think() -> None:
 
 
 def test_overlapping_end_marker_needs_kmp_fallback() -> None:
-    model = ReasoningModel(think_start=(1,), think_end=(2, 2, 3))
+    model = ReasoningFormat(think_start=(1,), think_end=(2, 2, 3))
     router = started(model, [1])
     # A naive restart-from-zero matcher misses the match that begins at the second 2.
     router.observe("r", [2, 2])
@@ -448,7 +448,7 @@ class Expected:
     events: list[PhaseEvent]
 
 
-def reference(model: ReasoningModel, prompt: list[int], stream: list[int]) -> Expected:
+def reference(model: ReasoningFormat, prompt: list[int], stream: list[int]) -> Expected:
     """The rules of the module docstring, written naively over the whole stream."""
     rid = "r"
     start, end, nl = list(model.think_start), list(model.think_end), model.newline_ids
@@ -497,12 +497,12 @@ markers = st.lists(ALPHABET, min_size=1, max_size=3).map(tuple)
 
 
 @st.composite
-def models(draw: st.DrawFn) -> ReasoningModel:
+def models(draw: st.DrawFn) -> ReasoningFormat:
     if draw(st.integers(0, 9)) == 0:
-        return ReasoningModel.without_reasoning()
+        return ReasoningFormat.without_reasoning()
     start = draw(markers)
     end = draw(markers.filter(lambda m: m != start))
-    return ReasoningModel(
+    return ReasoningFormat(
         think_start=start,
         think_end=end,
         newline_ids=frozenset(draw(st.sets(ALPHABET, max_size=1))),
@@ -528,7 +528,7 @@ def chunked(stream: list[int], cuts: list[int]) -> Iterator[list[int]]:
     cuts=st.lists(st.integers(0, 30), max_size=8),
 )
 def test_router_matches_reference_for_any_chunking(
-    model: ReasoningModel, prompt: list[int], stream: list[int], cuts: list[int]
+    model: ReasoningFormat, prompt: list[int], stream: list[int], cuts: list[int]
 ) -> None:
     want = reference(model, prompt, stream)
     one_by_one, in_chunks, batched = PhaseRouter(), PhaseRouter(), PhaseRouter()
@@ -590,7 +590,7 @@ def test_router_matches_reference_for_any_chunking(
     order=st.randoms(use_true_random=False),
 )
 def test_interleaved_requests_are_independent_and_untracked_after_finish(
-    streams: list[tuple[list[int], list[int]]], model: ReasoningModel, order: random.Random
+    streams: list[tuple[list[int], list[int]]], model: ReasoningFormat, order: random.Random
 ) -> None:
     router = PhaseRouter()
     rids = [f"r{i}" for i in range(len(streams))]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from meridian.config.schema import SchedulerConfig
 from meridian.core.budget import BudgetPolicy, RequestBudget
 from meridian.core.forcing import ThinkForcer
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
 from meridian.core.types import ForceReason, Phase
 from test_budget import ENTROPY
 
@@ -37,7 +37,7 @@ def make_model(seed: int) -> Model:
 def new_forcer(think_end: tuple[int, ...], transition: tuple[int, ...], eat: int) -> ThinkForcer:
     entropy = ENTROPY.model_copy(update={"eat_min_distance": eat})
     policy = BudgetPolicy(SchedulerConfig(min_think_tokens=2, max_think_tokens=1000), entropy)
-    model = ReasoningModel(think_start=(START,), think_end=think_end)
+    model = ReasoningFormat(think_start=(START,), think_end=think_end)
     return ThinkForcer(model, policy, transition=transition)
 
 

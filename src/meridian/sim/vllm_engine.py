@@ -64,7 +64,7 @@ from meridian.sim.offload import HostLink
 from meridian.sim.policies import PascalPolicy, PolicySpec, SchedulerKind
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
 from meridian.sim.steptime import BatchShape, StepTimeModel
-from meridian.sim.streams import EOS_ID, SIM_MODEL, Stream
+from meridian.sim.streams import EOS_ID, SIM_FORMAT, Stream
 from meridian.vllm.resolve import stand_in_model
 from meridian.vllm.runtime import MeridianRuntime
 from meridian.vllm.scheduler import MeridianAsyncScheduler, MeridianScheduler
@@ -240,7 +240,7 @@ class VllmEngine:
         kwargs: dict[str, Any] = {}
         if issubclass(cls, MeridianScheduler):
             kwargs["meridian_runtime"] = MeridianRuntime(
-                self.meridian_config, None, "sim", SIM_MODEL, None, "the simulator's streams"
+                self.meridian_config, None, "sim", SIM_FORMAT, None, "the simulator's streams"
             )
             kwargs["meridian_clock"] = lambda: self.now_ns / 1e9
         return cls(

@@ -112,7 +112,7 @@ class _ProcessorCore:
         # Reaches /metrics like the scheduler's metrics ($PROMETHEUS_MULTIPROC_DIR).
         self.metrics = MeridianMetrics(CollectorRegistry())
         self.forcer = ThinkForcer(
-            runtime.model,
+            runtime.format,
             BudgetPolicy(config.scheduler, config.entropy),
             self._count_force,
             transition=runtime.transition_ids,
@@ -313,7 +313,7 @@ class MeridianLogitsProcessor(LogitsProcessor):
             self._release_finished()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self._keys or not self.core.runtime.model.has_boundaries:
+        if not self._keys or not self.core.runtime.format.has_boundaries:
             return logits
         num_rows = logits.shape[0]
         rows = [(i, k) for i, k in self._keys.items() if i < num_rows]
@@ -427,10 +427,10 @@ if _V2LogitsProcessor is not None:
             self._outputs.pop(req_idx, None)
             # Tokens are known only at the first apply() (after the runner's staged writes).
             self._pending[req_idx] = sampling_params
-            return self.core.runtime.model.has_boundaries
+            return self.core.runtime.format.has_boundaries
 
         def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
-            if not self.core.runtime.model.has_boundaries:
+            if not self.core.runtime.format.has_boundaries:
                 return logits
             try:
                 return self._apply(logits, ctx)

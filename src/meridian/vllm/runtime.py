@@ -42,7 +42,7 @@ from meridian.config import (
 )
 from meridian.config.boundaries import TokenizerLike
 from meridian.core.budget import RequestBudget, Signals
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
 from meridian.errors import BoundaryError, ConfigError, MeridianError
 
 __all__ = [
@@ -100,7 +100,7 @@ class MeridianRuntime:
     config: MeridianConfig
     config_source: Path | None
     model_name: str
-    model: ReasoningModel
+    format: ReasoningFormat
     boundaries: BoundaryIds | None
     reason: str
     transition_ids: tuple[int, ...] = ()
@@ -108,7 +108,7 @@ class MeridianRuntime:
     @property
     def think_end_ids(self) -> tuple[int, ...]:
         """The token ids that close the think phase (``()`` without reasoning)."""
-        return self.model.think_end
+        return self.format.think_end
 
 
 def _vocab(tokenizer: TokenizerLike | None) -> Mapping[str, int]:
@@ -139,13 +139,13 @@ def resolve_runtime(
     cfg = config if config is not None else MeridianConfig()
     runtime = _resolve_family(tokenizer, cfg, config_source, model_name, reasoning_parser)
     phrase = cfg.scheduler.force_transition_phrase
-    if not phrase or not runtime.model.has_boundaries:
+    if not phrase or not runtime.format.has_boundaries:
         return runtime
-    return replace(runtime, transition_ids=transition_ids(phrase, tokenizer, runtime.model))
+    return replace(runtime, transition_ids=transition_ids(phrase, tokenizer, runtime.format))
 
 
 def transition_ids(
-    phrase: str, tokenizer: TokenizerLike | None, model: ReasoningModel
+    phrase: str, tokenizer: TokenizerLike | None, model: ReasoningFormat
 ) -> tuple[int, ...]:
     """``phrase`` in the model's tokens, checked to be usable before ``think_end``."""
     field = "scheduler.force_transition_phrase"
@@ -212,7 +212,7 @@ def _resolve_family(
         ENV_MODEL,
     )
     return MeridianRuntime(
-        cfg, config_source, "none", ReasoningModel.without_reasoning(), None, "no boundaries"
+        cfg, config_source, "none", ReasoningFormat.without_reasoning(), None, "no boundaries"
     )
 
 
@@ -225,7 +225,7 @@ def _runtime(
     reason: str,
 ) -> MeridianRuntime:
     return MeridianRuntime(
-        cfg, source, name, ReasoningModel.from_boundaries(definition, ids), ids, reason
+        cfg, source, name, ReasoningFormat.from_boundaries(definition, ids), ids, reason
     )
 
 

@@ -41,7 +41,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -55,6 +55,7 @@ from meridian.core.policy import (
     ADMISSION_CANDIDATES,
     MeridianPolicy,
     PolicyStats,
+    TrackingPolicy,
     output_budget_setting,
 )
 from meridian.core.types import ForceReason, Phase, PhaseEvent, Tier
@@ -232,6 +233,32 @@ class _Telemetry:
         self._num_hard_caps += hard_cap
 
 
+class _NewTokens(Sequence[list[int]]):
+    """The new tokens of a step's outputs that have any, as a list built on first use: the
+    policy reads them only when the step is not the common one."""
+
+    __slots__ = ("_list", "_outs")
+
+    def __init__(self, outs: Sequence[Any]) -> None:
+        self._outs = outs
+        self._list: list[list[int]] | None = None
+
+    def _tokens(self) -> list[list[int]]:
+        tokens = self._list
+        if tokens is None:
+            tokens = self._list = [out.new_token_ids for out in self._outs if out.new_token_ids]
+        return tokens
+
+    def __len__(self) -> int:
+        return len(self._tokens())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self._tokens())
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._tokens()[i]
+
+
 class _Guard:
     """``MeridianScheduler._guarded``: a plain context manager (cheaper than a generator one on
     this per-step path)."""
@@ -272,7 +299,7 @@ class MeridianScheduler(Scheduler):
     #: False in :class:`MeridianShadowScheduler`: track and count, but keep vLLM's order.
     meridian_reorders: ClassVar[bool] = True
     #: The policy this adapter drives (the simulator swaps in its baselines' policies).
-    policy_class: ClassVar[type[MeridianPolicy]] = MeridianPolicy
+    policy_class: ClassVar[type[TrackingPolicy]] = MeridianPolicy
     #: vLLM's cap on running requests, lowered for one ``schedule()`` by headroom admission.
     max_num_active_reqs: int
 
@@ -307,7 +334,7 @@ class MeridianScheduler(Scheduler):
             time.time if meridian_clock is time.perf_counter else meridian_clock,
         )
         self.meridian_policy = self.policy_class(
-            self.meridian.model,
+            self.meridian.format,
             config.scheduler,
             block_size=self.block_size,
             capacity=self.max_num_running_reqs,
@@ -342,7 +369,6 @@ class MeridianScheduler(Scheduler):
             functools.partial(metrics.set_batch_size, Phase.OUTPUT),
             functools.partial(metrics.set_batch_size, Phase.THINK),
         )
-        self._published_revision = -1
         # (think, answer) tokens of each live request already on meridian_generated_tokens_total.
         self._tokens_counted: dict[str, tuple[int, int]] = {}
         # Per-step overhead samples not yet published, (seconds, 1) each (_sample_overhead).
@@ -385,11 +411,6 @@ class MeridianScheduler(Scheduler):
         """Requests Meridian tracks (0 when the engine is idle)."""
         self._track_new()
         return self.meridian_policy.num_tracked
-
-    def meridian_phase(self, request_id: str) -> Phase:
-        """The phase Meridian tracks for a live request."""
-        self._track_new()
-        return self.meridian_policy.phase(request_id)
 
     # -- vLLM hooks -----------------------------------------------------------------------
 
@@ -453,10 +474,16 @@ class MeridianScheduler(Scheduler):
                     request.next_decode_eligible_step = max(
                         request.next_decode_eligible_step, step + 1
                     )
-                if self.waiting:
-                    head = list(itertools.islice(self.waiting, ADMISSION_CANDIDATES))
-                    if isinstance(self.waiting, deque):  # FCFS; a priority queue keeps its order
-                        head = self.meridian_policy.reorder_waiting(self.waiting, head)
+                waiting = self.waiting
+                if waiting:
+                    head = list(itertools.islice(waiting, ADMISSION_CANDIDATES))
+                    if isinstance(waiting, deque):  # FCFS; a priority queue keeps its order
+                        order = self.meridian_policy.waiting_order(head)
+                        if order is not None:
+                            for _ in head:
+                                waiting.popleft()
+                            waiting.extendleft(reversed(order))
+                            head = order
                     allowed = self.meridian_policy.admissions(
                         self.running, head, pool.num_gpu_blocks - 1
                     )
@@ -520,9 +547,8 @@ class MeridianScheduler(Scheduler):
     def _observe_step(self, outputs: dict[int, Any] | None) -> None:
         """Feed the step's new tokens to the policy in one batch: those of the outputs
         ``update_from_output`` returns (``{client: EngineCoreOutputs}``), after vLLM's stop
-        checks; on the common step (the same answer streams as the step before) only their ids
-        (``observe_steady``), on the others the ids and the tokens as two aligned lists
-        (``observe_rows``, which counts a steady batch's thinking rows in bulk).
+        checks: the ids, and the tokens as an aligned lazy list (the common step, the same
+        answer streams as the step before, never reads it).
         (Comprehensions: ``attrgetter`` over vLLM's msgspec structs costs twice as much.)"""
         if not outputs:
             return
@@ -537,10 +563,8 @@ class MeridianScheduler(Scheduler):
             )
             # Not an output without tokens (an error, a pooling result).
             ids = [out.request_id for out in outs if out.new_token_ids]
-            if ids and not policy.observe_steady(ids, step):
-                policy.observe_rows(
-                    ids, [out.new_token_ids for out in outs if out.new_token_ids], step
-                )
+            if ids:
+                policy.observe(ids, _NewTokens(outs), step)
         except Exception as exc:
             self._policy_error("update_from_output", exc)
         finally:
@@ -706,27 +730,14 @@ class MeridianScheduler(Scheduler):
         self._uncounted = (new_think, new_answer)
 
     def _publish_gauges(self) -> None:
-        """Tracked requests, queue depths and batch sizes by phase, when one may have changed.
+        """Tracked requests, queue depths and batch sizes by phase, those that changed.
 
         Checked with each batch of overhead samples (at most every ``PUBLISH_INTERVAL_S``) and
-        when the engine idles: a scrape sees them about that late, as the histograms. Most
-        checks find none changed (they move on admissions, phase changes, preemptions and new
-        plans, which bump ``meridian_policy.revision``).
+        when the engine idles: a scrape sees them about that late, as the histograms.
         """
         policy = self.meridian_policy
-        if policy.revision == self._published_revision:
-            return
         with self._guarded("stat_logger", timed=False):
-            self._published_revision = policy.revision
-            queues = policy.queues
-            served_output, served_think = queues.last_served
-            values = (
-                policy.num_tracked,
-                queues.num_output_queued,
-                queues.num_think_queued,
-                served_output,
-                served_think,
-            )
+            values = (policy.num_tracked, *policy.queue_gauges())
             if values == self._published_gauges:
                 return
             # Only the gauges whose value changed (all of them the first time).
