@@ -470,9 +470,14 @@ class MeridianPolicy:
         """Forget a finished or aborted request. Unknown ids are ignored.
 
         ``num_output_tokens`` (what a request that *completed* generated) teaches the length
-        model of headroom admission; leave it out for an aborted request.
+        model of headroom admission; leave it out for an aborted request. This is not a batch
+        of one through :meth:`untrack_many`: an adapter whose batch call failed falls back on it
+        request by request, so it must not go through that call again.
         """
-        self.untrack_many(((request_id, num_output_tokens),))
+        self._disarm()
+        self._forget(request_id, num_output_tokens)
+        self.revision += 1
+        self._served_ids = None
 
     def untrack_many(self, finished: Iterable[tuple[str, int | None]]) -> None:
         """:meth:`untrack` for each ``(request id, num_output_tokens)`` of ``finished``, in one
@@ -480,31 +485,29 @@ class MeridianPolicy:
         # The batch changes with them (the next step's requests would not match it anyway), and
         # no bulk step may count a state it holds for an id that is tracked again.
         self._disarm()
-        states, lengths, listener = self._states, self.lengths, self.listener
-        finish, remove = self.router.finish, self.queues.remove
-        queued, partial, served, answered = (
-            self._queued,
-            self._partial,
-            self._served,
-            self._answered,
-        )
+        forget = self._forget
         for request_id, num_output_tokens in finished:
-            state = states.pop(request_id, None)
-            if state is not None and num_output_tokens is not None:
-                st = state.phase_state
-                think = st.num_think_tokens if _reasoned(st) else None
-                rest = max(0, num_output_tokens - st.num_think_tokens)
-                lengths.finished(think, rest, state.num_prompt_tokens)
-            remove(request_id)
-            queued.discard(request_id)
-            partial.pop(request_id, None)
-            served.discard(request_id)
-            answered.pop(request_id, None)
-            # The listener last: if it fails, the request is untracked all the same.
-            if finish(request_id) is not None and listener is not None:
-                listener.request_finished(request_id)
+            forget(request_id, num_output_tokens)
         self.revision += 1
         self._served_ids = None
+
+    def _forget(self, request_id: str, num_output_tokens: int | None) -> None:
+        """Drop one request from every table (the armed batch already disarmed). Its state
+        goes first: if a later step fails, the request is untracked all the same."""
+        state = self._states.pop(request_id, None)
+        if state is not None and num_output_tokens is not None:
+            st = state.phase_state
+            think = st.num_think_tokens if _reasoned(st) else None
+            rest = max(0, num_output_tokens - st.num_think_tokens)
+            self.lengths.finished(think, rest, state.num_prompt_tokens)
+        self.queues.remove(request_id)
+        self._queued.discard(request_id)
+        self._partial.pop(request_id, None)
+        self._served.discard(request_id)
+        self._answered.pop(request_id, None)
+        # The listener last: if it fails, the request is untracked all the same.
+        if self.router.finish(request_id) is not None and self.listener is not None:
+            self.listener.request_finished(request_id)
 
     def phase(self, request_id: str) -> Phase:
         """The tracked phase of a live request."""
