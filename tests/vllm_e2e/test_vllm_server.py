@@ -17,7 +17,13 @@ import pytest
 pytest.importorskip("vllm.sampling_params")
 httpx = pytest.importorskip("httpx")
 
-from conftest import STARTUP_TIMEOUT_S, bench_accuracy, meridian_server, metric_value  # noqa: E402
+from conftest import (  # noqa: E402
+    STARTUP_TIMEOUT_S,
+    bench_accuracy,
+    meridian_server,
+    metric_value,
+    post_counted,
+)
 
 MAX_THINK = 12
 
@@ -191,6 +197,37 @@ def test_a_body_nested_too_deep_is_a_400_with_or_without_a_knob(server: str) -> 
         assert resp.status_code == 400, (key, resp.status_code, resp.text[:300])
         assert "There was an error parsing the body" in resp.text  # FastAPI's, as vLLM sends it
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+
+
+def test_a_raw_prompt_whose_reasoning_started_is_capped_and_counted_as_thinking(
+    server: str, tiny_model: Path, tokenizer: Any, end_id: int
+) -> None:
+    """A completion prompt ending "<think>\n20 7;": the reasoning started in the prompt. Its
+    think tokens count toward the cap (as vLLM's thinking_token_budget counts them), so
+    </think> is forced after cap - 3 generated ones, which /metrics counts as think tokens."""
+    cap = 8
+    head = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "what is 20 + 7?"}], tokenize=False, add_generation_prompt=True
+    )
+    assert head.endswith("<think>\n")
+    reasoning = tokenizer("20 7;", add_special_tokens=False).input_ids
+    prompt = tokenizer(head, add_special_tokens=False).input_ids + reasoning
+    body = {
+        "model": str(tiny_model),
+        "prompt": prompt,
+        "max_tokens": 24,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "vllm_xargs": {"meridian_max_think_tokens": cap},
+    }
+    data, delta = post_counted(server, "/v1/completions", body)
+    tokens = data["choices"][0]["token_ids"]
+    print(f"prompt reasoning {len(reasoning)} tokens; output {tokens}; counters {delta}")
+    assert tokens.index(end_id) == cap - len(reasoning)
+    assert delta["exits"] == 1 and delta["forces"] == 1
+    assert delta["think"] == cap - len(reasoning)
+    assert delta["answer"] == len(tokens) - delta["think"] - 1
 
 
 def test_bench_real_against_the_server_writes_a_valid_report(

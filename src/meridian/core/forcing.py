@@ -18,7 +18,9 @@ When the policy fires, the request is marked forced in the router (``ExitThink.f
 be true) and the ``think_end`` ids are emitted one per step, so a multi-token marker (Granite's
 prose) is forced whole; a configured transition phrase (``transition``, the tokens of
 ``scheduler.force_transition_phrase``) is emitted first, as think tokens. A request the
-router already saw leave THINK is never forced.
+router already saw leave THINK is never forced. The budget counts the request's
+``num_reasoning_tokens``: the think tokens its prompt already holds (a prompt whose reasoning
+started, :mod:`meridian.core.router` rule 5) and those it generated.
 
 Keys are the processor's own (e.g. the persistent-batch slot plus a generation counter). A
 request that leaves the batch and comes back with the same live output view (vLLM's V1 runner
@@ -207,7 +209,7 @@ class ThinkForcer:
             row = rows[key]
             st = row.st
             if not row.pending and (
-                not _forcible(st) or cannot_fire(st.num_think_tokens, row.cap, row.probe)
+                not _forcible(st) or cannot_fire(st.num_reasoning_tokens, row.cap, row.probe)
             ):
                 continue
             token = self.forced_token(key)
@@ -238,7 +240,7 @@ class ThinkForcer:
         if not _forcible(st):
             return None
         decision: ForceDecision | None = self.policy.decide(
-            st.num_think_tokens, row.probe, row.budget
+            st.num_reasoning_tokens, row.probe, row.budget
         )
         if decision is None:
             return None

@@ -430,7 +430,7 @@ class MeridianPolicy:
         budget: RequestBudget | None = None,
         tracked_at: float | None = None,
     ) -> None:
-        """Start tracking a new request: its initial phase from its prompt's tail.
+        """Start tracking a new request: its initial phase from its prompt (the router's rules).
 
         ``budget`` (the request's knobs) only tells which think length a hard-cap force ends
         at, for the inferred-force counter. ``tracked_at``: when it was added, on the policy's
@@ -811,7 +811,14 @@ class MeridianPolicy:
         stats.num_think_exits += 1
         stats.think_tokens_total += event.think_tokens
         cap = state.cap
-        forced = cap is not None and event.think_tokens == cap + self.transition_len
+        # Forced once the reasoning (the prompt's think tokens, if any, and the generated ones)
+        # reached the cap, at once if the prompt's alone did; then the transition phrase.
+        st = state.phase_state
+        forced = (
+            cap is not None
+            and st.num_reasoning_tokens
+            == max(cap, st.num_prompt_think_tokens) + self.transition_len
+        )
         if forced:
             stats.num_forced_inferred[ForceReason.HARD_CAP] += 1
         listener = self.listener
