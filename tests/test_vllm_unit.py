@@ -213,6 +213,61 @@ def test_bad_knobs_are_clear_value_errors(extra: dict[str, Any], message: str) -
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    ("forced", "allowed", "bad_words", "forbidden"),
+    [
+        ((END,), None, None, False),
+        ((END,), [1, 2, END], None, False),
+        ((END,), [1, 2], None, True),  # allowed_token_ids without the marker
+        ((END,), [], None, False),  # an empty list restricts nothing in vLLM
+        ((END,), None, [[END]], True),  # bad_words ["</think>"]
+        ((END,), None, [[5, END]], True),  # "x</think>": the model's last token may be x
+        ((END,), None, [[END, 5]], False),  # bans 5 after </think>: not a forced token
+        ((20, 21, END), None, [[21]], True),  # a token of the transition phrase
+        ((20, 21, END), None, [[20, END]], False),  # the phrase puts 21 before the marker
+        ((20, 21, END), None, [[21, END]], True),
+        ((20, 21, END), [20, 21, 1], None, True),
+    ],
+)
+def test_a_clients_restriction_that_forbids_a_forced_token(
+    forced: tuple[int, ...],
+    allowed: list[int] | None,
+    bad_words: list[list[int]] | None,
+    forbidden: bool,
+) -> None:
+    from meridian.vllm.runtime import forbids_forced_tokens
+
+    assert forbids_forced_tokens(forced, allowed, bad_words) is forbidden
+
+
+def test_a_clients_restriction_turns_that_requests_forcing_off() -> None:
+    """The scheduler and the logits processor read a request's budget from its params: the
+    knobs, with forcing off when the params forbid the marker (the client's restriction wins)."""
+    from types import SimpleNamespace
+
+    rt = resolve_runtime({"<think>": START, "</think>": END, "a": 1})
+    calls: list[int] = []
+
+    def budget(**params: Any) -> RequestBudget | None:
+        fields = {"extra_args": None, "allowed_token_ids": None, "bad_words_token_ids": None}
+        return rt.request_budget(SimpleNamespace(**{**fields, **params}), lambda: calls.append(1))
+
+    assert budget() is None
+    assert budget(extra_args={"meridian_max_think_tokens": 5}) == RequestBudget(5, True)
+    assert budget(bad_words_token_ids=[[END]]) == RequestBudget(None, False)
+    assert budget(
+        allowed_token_ids=[1],
+        extra_args={"meridian_max_think_tokens": 5, "meridian_signals": "eat"},
+    ) == RequestBudget(5, False, Signals.EAT)
+    assert len(calls) == 2
+    assert budget(bad_words_token_ids=[[END]], extra_args={"meridian_forcing": "off"}) == (
+        RequestBudget(None, False)
+    )
+    assert len(calls) == 2  # forcing was off anyway: nothing to count
+    with pytest.raises(RequestArgsError):
+        budget(bad_words_token_ids=[[END]], extra_args={"meridian_forcing": "maybe"})
+
+
 # -- model family resolution ---------------------------------------------------------------
 
 

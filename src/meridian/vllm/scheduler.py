@@ -61,7 +61,7 @@ from meridian.telemetry import catalogue as cat
 from meridian.telemetry.catalogue import MetricSpec
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer, make_tracer
-from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
+from meridian.vllm.runtime import MeridianRuntime, runtime_from_vllm_config
 
 __all__ = [
     "ENV_OUTPUT_BUDGET_ROWS",
@@ -411,9 +411,7 @@ class MeridianScheduler(Scheduler):
             for rid, (request, added_at) in new.items():
                 try:  # fail open for this request, track the others
                     try:
-                        budget = parse_request_budget(
-                            getattr(request.sampling_params, "extra_args", None)
-                        )
+                        budget = self.meridian.request_budget(request.sampling_params)
                     except ValueError:
                         # The logits processor rejects such requests at admission; here the
                         # knob only feeds the inferred-force counter: a bad value is not used.
