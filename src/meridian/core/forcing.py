@@ -18,7 +18,9 @@ When the policy fires, the request is marked forced in the router (``ExitThink.f
 be true) and the ``think_end`` ids are emitted one per step, so a multi-token marker (Granite's
 prose) is forced whole; a configured transition phrase (``transition``, the tokens of
 ``scheduler.force_transition_phrase``) is emitted first, as think tokens. A request the
-router already saw leave THINK is never forced.
+router already saw leave THINK is never forced. The budget counts the request's
+``num_reasoning_tokens``: the think tokens its prompt already holds (a prompt whose reasoning
+started, :mod:`meridian.core.router` rule 5) and those it generated.
 
 Keys are the processor's own (e.g. the persistent-batch slot plus a generation counter). A
 request that leaves the batch and comes back with the same live output view (vLLM's V1 runner
@@ -235,7 +237,7 @@ class ThinkForcer:
             row = rows[key]
             st = row.st
             if not row.pending and (
-                not _forcible(st) or cannot_fire(st.num_think_tokens, row.cap, row.probe)
+                not _forcible(st) or cannot_fire(st.num_reasoning_tokens, row.cap, row.probe)
             ):
                 continue
             token = self.forced_token(key)
@@ -290,7 +292,8 @@ class ThinkForcer:
                 scratch.probe.observe(max(entropy, 0.0))
             st = scratch.st
             if not scratch.pending and (
-                not _forcible(st) or cannot_fire(st.num_think_tokens, scratch.cap, scratch.probe)
+                not _forcible(st)
+                or cannot_fire(st.num_reasoning_tokens, scratch.cap, scratch.probe)
             ):
                 forced.append(None)
                 continue
@@ -356,7 +359,7 @@ class ThinkForcer:
         st = row.st
         if not _forcible(st):
             return None, None
-        decision = self.policy.decide(st.num_think_tokens, row.probe, row.budget)
+        decision = self.policy.decide(st.num_reasoning_tokens, row.probe, row.budget)
         if decision is None:
             return None, None
         # A partly generated multi-token marker is completed, not restarted (and then

@@ -430,7 +430,7 @@ class MeridianPolicy:
         budget: RequestBudget | None = None,
         tracked_at: float | None = None,
     ) -> None:
-        """Start tracking a new request: its initial phase from its prompt's tail.
+        """Start tracking a new request: its initial phase from its prompt (the router's rules).
 
         ``budget`` (the request's knobs) only tells which think length a hard-cap force ends
         at, for the inferred-force counter. ``tracked_at``: when it was added, on the policy's
@@ -470,9 +470,14 @@ class MeridianPolicy:
         """Forget a finished or aborted request. Unknown ids are ignored.
 
         ``num_output_tokens`` (what a request that *completed* generated) teaches the length
-        model of headroom admission; leave it out for an aborted request.
+        model of headroom admission; leave it out for an aborted request. This is not a batch
+        of one through :meth:`untrack_many`: an adapter whose batch call failed falls back on it
+        request by request, so it must not go through that call again.
         """
-        self.untrack_many(((request_id, num_output_tokens),))
+        self._disarm()
+        self._forget(request_id, num_output_tokens)
+        self.revision += 1
+        self._served_ids = None
 
     def untrack_many(self, finished: Iterable[tuple[str, int | None]]) -> None:
         """:meth:`untrack` for each ``(request id, num_output_tokens)`` of ``finished``, in one
@@ -480,31 +485,29 @@ class MeridianPolicy:
         # The batch changes with them (the next step's requests would not match it anyway), and
         # no bulk step may count a state it holds for an id that is tracked again.
         self._disarm()
-        states, lengths, listener = self._states, self.lengths, self.listener
-        finish, remove = self.router.finish, self.queues.remove
-        queued, partial, served, answered = (
-            self._queued,
-            self._partial,
-            self._served,
-            self._answered,
-        )
+        forget = self._forget
         for request_id, num_output_tokens in finished:
-            state = states.pop(request_id, None)
-            if state is not None and num_output_tokens is not None:
-                st = state.phase_state
-                think = st.num_think_tokens if _reasoned(st) else None
-                rest = max(0, num_output_tokens - st.num_think_tokens)
-                lengths.finished(think, rest, state.num_prompt_tokens)
-            remove(request_id)
-            queued.discard(request_id)
-            partial.pop(request_id, None)
-            served.discard(request_id)
-            answered.pop(request_id, None)
-            # The listener last: if it fails, the request is untracked all the same.
-            if finish(request_id) is not None and listener is not None:
-                listener.request_finished(request_id)
+            forget(request_id, num_output_tokens)
         self.revision += 1
         self._served_ids = None
+
+    def _forget(self, request_id: str, num_output_tokens: int | None) -> None:
+        """Drop one request from every table (the armed batch already disarmed). Its state
+        goes first: if a later step fails, the request is untracked all the same."""
+        state = self._states.pop(request_id, None)
+        if state is not None and num_output_tokens is not None:
+            st = state.phase_state
+            think = st.num_think_tokens if _reasoned(st) else None
+            rest = max(0, num_output_tokens - st.num_think_tokens)
+            self.lengths.finished(think, rest, state.num_prompt_tokens)
+        self.queues.remove(request_id)
+        self._queued.discard(request_id)
+        self._partial.pop(request_id, None)
+        self._served.discard(request_id)
+        self._answered.pop(request_id, None)
+        # The listener last: if it fails, the request is untracked all the same.
+        if self.router.finish(request_id) is not None and self.listener is not None:
+            self.listener.request_finished(request_id)
 
     def phase(self, request_id: str) -> Phase:
         """The tracked phase of a live request."""
@@ -808,7 +811,14 @@ class MeridianPolicy:
         stats.num_think_exits += 1
         stats.think_tokens_total += event.think_tokens
         cap = state.cap
-        forced = cap is not None and event.think_tokens == cap + self.transition_len
+        # Forced once the reasoning (the prompt's think tokens, if any, and the generated ones)
+        # reached the cap, at once if the prompt's alone did; then the transition phrase.
+        st = state.phase_state
+        forced = (
+            cap is not None
+            and st.num_reasoning_tokens
+            == max(cap, st.num_prompt_think_tokens) + self.transition_len
+        )
         if forced:
             stats.num_forced_inferred[ForceReason.HARD_CAP] += 1
         listener = self.listener

@@ -13,11 +13,19 @@ Initial phase, decided at ``start`` from the model and the prompt (first rule th
    emitting ``EnterThink``;
 4. the prompt ends with ``think_end`` (optionally followed by newlines): OUTPUT. The chat template
    opened *and closed* the think block (thinking disabled), so no think phase follows. NOTE: this
-   rule is Meridian's addition; without it rule 5 would leave such a request in THINK forever;
-5. ``think_starts_in_prompt``: THINK, emitting ``EnterThink`` (the template opened the block, or
+   rule is Meridian's addition; without it rule 6 would leave such a request in THINK forever;
+5. the prompt's last ``think_start`` is not followed by a ``think_end`` (vLLM's own test of a
+   prompt, ``last_start > last_end``, as its reasoning parsers' ``is_reasoning_end`` and its
+   ``thinking_token_budget`` read it): THINK, emitting ``EnterThink``. The reasoning started in
+   the prompt (a raw completion prompt ``… <think>\n20 7;``, a client continuing a cut
+   stream), and the tokens after that ``think_start`` (newline tokens right after it excepted)
+   are the request's ``num_prompt_think_tokens``: they count toward its think budget, as vLLM's
+   ``thinking_token_budget`` counts them, but they were not generated (no think-token count or
+   metric holds them);
+6. ``think_starts_in_prompt``: THINK, emitting ``EnterThink`` (the template opened the block, or
    the family's vLLM reasoning parser reads the output as reasoning until ``think_end``, as
    ``qwen3``'s does);
-6. otherwise PREFILL: the first generated tokens decide. If they spell ``think_start`` the request
+7. otherwise PREFILL: the first generated tokens decide. If they spell ``think_start`` the request
    enters THINK (``EnterThink``); these marker tokens are counted neither as think nor as output.
    As soon as they cannot be a prefix of ``think_start`` the request is OUTPUT (no event), and
    every token generated so far counts as output.
@@ -26,7 +34,7 @@ Counting and transitions:
 
 - A one-token ``think_start`` generated as a THINK request's very first token is a marker token,
   not a think token: vLLM's reasoning parsers drop a ``<think>`` the model repeats (Qwen3 emits
-  it itself; with rule 5 Meridian is already in THINK). Longer markers are not absorbed.
+  it itself; with rule 6 Meridian is already in THINK). Longer markers are not absorbed.
 - THINK counts every generated token as a think token until ``think_end`` completes; then the
   marker's own tokens are taken back out, ``ExitThink(think_tokens, forced)`` is emitted (``forced``
   is true when :meth:`PhaseRouter.mark_forced` was called in this think phase) and the request is
@@ -168,6 +176,26 @@ def _ends_with_marker(
         end -= 1
 
 
+def _rfind(seq: Sequence[int], needle: tuple[int, ...]) -> int:
+    """Where the last occurrence of the token sequence ``needle`` in ``seq`` begins; -1 if none."""
+    hay = seq if isinstance(seq, list) else list(seq)
+    last, k = needle[-1], len(needle)
+    if last not in hay:  # the common case, one C-level scan
+        return -1
+    backwards = hay[::-1]
+    i = 0
+    # Jump between occurrences of the last token, from the end, with C-level index().
+    while True:
+        try:
+            i = backwards.index(last, i)
+        except ValueError:
+            return -1
+        end = len(hay) - i  # just past the candidate occurrence
+        if end >= k and (k == 1 or tuple(hay[end - k : end]) == needle):
+            return end - k
+        i += 1
+
+
 def _contains(seq: Sequence[int], needle: tuple[int, ...]) -> bool:
     """True when the token sequence ``needle`` occurs contiguously in ``seq``."""
     hay = seq if isinstance(seq, list | tuple) else list(seq)
@@ -283,17 +311,35 @@ class ReasoningModel:
 
     def initial_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
         """The phase a request starts in, by the rules in the module docstring (pure)."""
+        return self.prompt_start(prompt_token_ids)[0]
+
+    def prompt_start(self, prompt_token_ids: Sequence[int]) -> tuple[Phase, int]:
+        """The phase a request starts in and the think tokens its prompt already holds (its
+        ``num_prompt_think_tokens``), by the rules in the module docstring (pure).
+
+        >>> m = ReasoningModel(think_start=(7,), think_end=(8,), newline_ids=frozenset({10}))
+        >>> m.prompt_start([1, 7, 10]), m.prompt_start([1, 7, 10, 20, 21, 22])
+        ((<Phase.THINK: 1>, 0), (<Phase.THINK: 1>, 3))
+        """
+        prompt = prompt_token_ids
         if not self.think_start:
-            return Phase.OUTPUT
-        if self.no_think and _contains(prompt_token_ids, self.no_think):
-            return Phase.OUTPUT
-        if _ends_with_marker(prompt_token_ids, self.think_start, self.newline_ids):
-            return Phase.THINK
-        if _ends_with_marker(prompt_token_ids, self.think_end, self.newline_ids):
-            return Phase.OUTPUT
+            return Phase.OUTPUT, 0
+        if self.no_think and _contains(prompt, self.no_think):
+            return Phase.OUTPUT, 0
+        if _ends_with_marker(prompt, self.think_start, self.newline_ids):
+            return Phase.THINK, 0
+        if _ends_with_marker(prompt, self.think_end, self.newline_ids):
+            return Phase.OUTPUT, 0
+        opened = _rfind(prompt, self.think_start)
+        # vLLM's last_start > last_end: no think_end begins at or after the last think_start.
+        if opened >= 0 and not _contains(prompt[opened:], self.think_end):
+            reasoning = opened + len(self.think_start)
+            while reasoning < len(prompt) and prompt[reasoning] in self.newline_ids:
+                reasoning += 1
+            return Phase.THINK, len(prompt) - reasoning
         if self.think_starts_in_prompt:
-            return Phase.THINK
-        return Phase.PREFILL
+            return Phase.THINK, 0
+        return Phase.PREFILL, 0
 
 
 @dataclass(slots=True, eq=False)
@@ -317,6 +363,15 @@ class RequestPhaseState:
     num_marker_tokens: int = 0
     # PREFILL: think_start tokens matched so far; THINK: KMP state of the think_end match.
     marker_progress: int = 0
+    # Think tokens the prompt already holds (initial-phase rule 5): not generated, not in the
+    # counts above, but part of the reasoning a think budget bounds (num_reasoning_tokens).
+    num_prompt_think_tokens: int = 0
+
+    @property
+    def num_reasoning_tokens(self) -> int:
+        """The think tokens a think budget counts: the prompt's and the generated ones (the one
+        count the logits processor's forcing and the scheduler's policy both go by)."""
+        return self.num_prompt_think_tokens + self.num_think_tokens
 
 
 class PhaseRouter:
@@ -353,7 +408,10 @@ class PhaseRouter:
     ) -> RequestPhaseState:
         """:meth:`start` for a caller that takes no events: returns the request's live state
         (:meth:`state`)."""
-        st = RequestPhaseState(request_id, model, model.initial_phase(prompt_token_ids))
+        phase, num_prompt_think_tokens = model.prompt_start(prompt_token_ids)
+        st = RequestPhaseState(
+            request_id, model, phase, num_prompt_think_tokens=num_prompt_think_tokens
+        )
         with self._lock:
             if request_id in self._states:
                 raise DuplicateRequestError(
@@ -634,6 +692,8 @@ def _integrity_problem(rid: str, st: RequestPhaseState) -> str | None:
         return f"stored under {rid!r} but named {st.request_id!r}"
     if min(st.num_think_tokens, st.num_output_tokens, st.num_marker_tokens) < 0:
         return "negative token count"
+    if st.num_prompt_think_tokens < 0 or (st.num_prompt_think_tokens and st.phase is Phase.PREFILL):
+        return "prompt think tokens negative, or held by a request that did not start thinking"
     pending = st.marker_progress if st.phase is Phase.PREFILL else 0
     counted = st.num_think_tokens + st.num_output_tokens + st.num_marker_tokens + pending
     if counted != st.num_generated_tokens:
