@@ -251,6 +251,42 @@ def test_inferred_caps_count_the_transition_phrase_and_forcing_off_never_counts(
     assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
 
 
+@settings(max_examples=80, deadline=None)
+@given(prompt_think=st.integers(0, 6), cap=st.integers(1, 6), transition_len=st.integers(0, 2))
+def test_the_forcer_and_the_policy_agree_on_a_prompt_whose_reasoning_started(
+    prompt_think: int, cap: int, transition_len: int
+) -> None:
+    """A prompt that opened the think block and holds ``prompt_think`` reasoning tokens (router
+    rule 5): they count toward the cap in the logits processor's forcer, which forces once the
+    reasoning reaches it (at once if the prompt's alone did), and the scheduler's policy, fed
+    the tokens the forcer let through, counts that same hard-cap force."""
+    from meridian.core.budget import BudgetPolicy
+    from meridian.core.forcing import ThinkForcer
+
+    prompt = [10, START, *([7] * prompt_think)]
+    budget = RequestBudget(max_think_tokens=cap)
+    transition = [20 + i for i in range(transition_len)]
+    forcer = ThinkForcer(MODEL, BudgetPolicy.static(100), transition=transition)
+    output: list[int] = []
+    forcer.add("r", prompt=prompt, output=output, budget=budget)
+    policy = make_policy(transition_len=transition_len)
+    r = admitted(policy, "r", prompt, budget=budget)
+    assert policy.state("r").phase_state.num_prompt_think_tokens == prompt_think
+    for step in range(1, 20):
+        forcer.sync("r")
+        token = forcer.forced_token("r")
+        token = 7 if token is None else token
+        output.append(token)
+        r.emit(policy, token, step)
+        if token == END:
+            break
+    assert output.index(END) == max(0, cap - prompt_think) + transition_len
+    assert forcer.num_forced[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    # The generated think tokens, not the prompt's, are the think phase's length.
+    assert policy.stats.think_tokens_total == output.index(END)
+
+
 def test_tokens_of_an_untracked_request_are_named_after_the_batch() -> None:
     policy = make_policy()
     r = admitted(policy, "r", PLAIN_PROMPT)

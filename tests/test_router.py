@@ -142,12 +142,15 @@ def test_kmp_automaton_matches_naive_search(needle: tuple[int, ...], hay: list[i
         (QWEN3, [1, 2, THINK], Phase.THINK),  # rule 3
         (QWEN3, [1, 2, THINK, NL], Phase.THINK),  # rule 3 with newline tail
         (QWEN3, [1, 2, THINK, NL, NL], Phase.THINK),
-        (QWEN3, [1, THINK, 2], Phase.PREFILL),  # think_start not at the tail
         (QWEN3, [THINK, NL, NL, END, NL, NL], Phase.OUTPUT),  # rule 4: closed in the prompt
         (R1, [THINK, END, NL], Phase.OUTPUT),  # rule 4 beats think_starts_in_prompt
-        (R1, [1, 2], Phase.THINK),  # rule 5
+        (QWEN3, [1, THINK, 2], Phase.THINK),  # rule 5: reasoning started in the prompt
+        (QWEN3, [1, THINK, END, 2, THINK, NL, 3, 4], Phase.THINK),  # the last block is open
+        (QWEN3, [1, THINK, 2, END, 3], Phase.PREFILL),  # the last block is closed: rule 7
+        (QWEN3, [1, END, 3], Phase.PREFILL),
+        (R1, [1, 2], Phase.THINK),  # rule 6
         (R1, [], Phase.THINK),
-        (QWEN3, [1, 2], Phase.PREFILL),  # rule 6
+        (QWEN3, [1, 2], Phase.PREFILL),  # rule 7
         (QWEN3, [], Phase.PREFILL),
         (GRANITE, [1, HERE, IS, MY, THOUGHT, PROCESS, COLON, NL], Phase.THINK),
         (GRANITE, [1, IS, MY, THOUGHT, PROCESS, COLON], Phase.PREFILL),  # partial marker
@@ -158,6 +161,33 @@ def test_initial_phase_rules(model: ReasoningFormat, prompt: list[int], phase: P
     events = router.start("r", model, prompt)
     assert router.phase("r") is phase
     assert list(events) == ([EnterThink("r")] if phase is Phase.THINK else [])
+    router.check_integrity()
+
+
+@pytest.mark.parametrize(
+    ("model", "prompt", "num_prompt_think"),
+    [
+        (QWEN3, [1, THINK, NL], 0),  # the template's "<think>\n": no reasoning yet
+        (QWEN3, [1, THINK, NL, 20, 7, 21], 3),  # "<think>\n20 7;": the newline is not counted
+        (QWEN3, [1, THINK, 20, NL, 7], 3),  # a newline inside the reasoning is
+        (QWEN3, [THINK, 5, END, 6, THINK, 8, 9], 2),  # only the open block's
+        (QWEN3_NT, [*NO_THINK, THINK, 8, 9], 0),  # rule 2 first: no reasoning
+        (R1, [1, 2], 0),  # rule 6: the parser's reasoning, none in the prompt
+        (GRANITE, [1, HERE, IS, MY, THOUGHT, PROCESS, COLON, NL, 7, 8], 2),
+        (GRANITE, [HERE, IS, MY, THOUGHT, PROCESS, COLON, 7, HERE, IS, MY, RESPONSE, COLON, 9], 0),
+    ],
+)
+def test_reasoning_started_in_the_prompt_counts_toward_the_budget(
+    model: ReasoningModel, prompt: list[int], num_prompt_think: int
+) -> None:
+    """The think tokens after the prompt's open think_start: in the budget's count
+    (num_reasoning_tokens), not in the generated counts."""
+    router = started(model, prompt)
+    s = router.state("r")
+    assert s.num_prompt_think_tokens == num_prompt_think
+    router.observe("r", [5, 6])
+    if s.phase is Phase.THINK:
+        assert (s.num_think_tokens, s.num_reasoning_tokens) == (2, num_prompt_think + 2)
     router.check_integrity()
 
 
@@ -446,6 +476,7 @@ class Expected:
     num_think: int
     num_output: int
     events: list[PhaseEvent]
+    num_prompt_think: int = 0
 
 
 def reference(model: ReasoningFormat, prompt: list[int], stream: list[int]) -> Expected:
@@ -462,17 +493,27 @@ def reference(model: ReasoningFormat, prompt: list[int], stream: list[int]) -> E
                 return False
             p.pop()
 
+    def last(marker: list[int]) -> int:
+        found = [i for i in range(len(prompt)) if prompt[i : i + len(marker)] == marker]
+        return found[-1] if found else -1
+
     if not start or (model.no_think and naive_find(prompt, model.no_think) >= 0):
         return Expected(Phase.OUTPUT, 0, len(stream), [])
     events: list[PhaseEvent] = []
+    prompt_think = 0
     if tail_is(start):
         think_from = 0
         events.append(EnterThink(rid))
     elif tail_is(end):
         return Expected(Phase.OUTPUT, 0, len(stream), [])
-    elif model.think_starts_in_prompt:
+    elif last(start) > last(end) or model.think_starts_in_prompt:
         think_from = 0
         events.append(EnterThink(rid))
+        if last(start) > last(end):
+            reasoning = prompt[last(start) + len(start) :]
+            while reasoning and reasoning[0] in nl:
+                reasoning.pop(0)
+            prompt_think = len(reasoning)
     else:
         head = stream[: len(start)]
         if head == start:
@@ -486,10 +527,10 @@ def reference(model: ReasoningFormat, prompt: list[int], stream: list[int]) -> E
         think_from = 1  # a THINK request's first token repeating think_start: a marker
     done = naive_find(stream[think_from:], end)
     if done < 0:
-        return Expected(Phase.THINK, len(stream) - think_from, 0, events)
+        return Expected(Phase.THINK, len(stream) - think_from, 0, events, prompt_think)
     num_think = done - len(end)
     events.append(ExitThink(rid, num_think, False))
-    return Expected(Phase.OUTPUT, num_think, len(stream) - think_from - done, events)
+    return Expected(Phase.OUTPUT, num_think, len(stream) - think_from - done, events, prompt_think)
 
 
 ALPHABET = st.integers(0, 4)
@@ -569,6 +610,7 @@ def test_router_matches_reference_for_any_chunking(
             want.num_think,
             want.num_output,
         )
+        assert s.num_prompt_think_tokens == want.num_prompt_think
         assert sum(isinstance(e, ExitThink) for e in events) <= 1
         # think + output == observed - boundary-marker tokens (- a pending PREFILL prefix).
         pending = s.marker_progress if s.phase is Phase.PREFILL else 0

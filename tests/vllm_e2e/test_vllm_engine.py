@@ -270,6 +270,53 @@ def test_transition_phrase_before_the_forced_marker(
     timed("transition phrase", start)
 
 
+def test_a_clients_own_ban_of_the_end_marker_wins_over_the_budget(
+    engine: Any, chat_prompt: Prompt, tokenizer: Any, end_id: int
+) -> None:
+    """allowed_token_ids without </think>, or bad_words ["</think>"]: a forced </think> would
+    override the client's restriction (vLLM applies both before custom logits processors), so
+    that request's forcing is off: its tokens are those of forcing off, the processor counts it,
+    the scheduler infers no force. A request without a restriction is forced at its cap."""
+    start = time.perf_counter()
+    cap = 3
+    allowed = [t for t in range(len(tokenizer)) if t != end_id]
+    restrictions: list[dict[str, Any]] = [
+        {"allowed_token_ids": allowed},
+        {"bad_words": ["</think>"]},
+    ]
+    prompts = [chat_prompt(i) for i in range(len(restrictions))]
+
+    def params(forcing: str, **restriction: Any) -> SamplingParams:
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=24,
+            ignore_eos=True,
+            extra_args={"meridian_max_think_tokens": cap, "meridian_forcing": forcing},
+            **restriction,
+        )
+
+    with engine(meridian=True) as llm:
+        restricted = token_ids(
+            llm.generate(prompts, [params("on", **r) for r in restrictions], use_tqdm=False)
+        )
+        off = token_ids(
+            llm.generate(prompts, [params("off", **r) for r in restrictions], use_tqdm=False)
+        )
+        free = token_ids(llm.generate(prompts[:1], params("on"), use_tqdm=False))
+        processor = meridian_processor_of(llm)
+        scheduler = scheduler_of(llm)
+        forced = processor.forcer.num_forced[ForceReason.HARD_CAP]
+        inferred = scheduler.meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        num_restricted = getattr(processor.core, "num_restricted", None)
+        assert scheduler.meridian_overhead.policy_errors == 0
+    assert all(end_id not in out for out in restricted), restricted
+    assert restricted == off
+    assert free[0].index(end_id) == cap
+    assert forced == inferred == 1
+    assert num_restricted == len(restrictions)
+    timed("client restriction", start)
+
+
 def _pressure_workload(chat_prompt: Prompt, n: int, seed: int) -> tuple[list[str], list[Any]]:
     rng = random.Random(seed)
     prompts, params = [], []

@@ -19,7 +19,9 @@ Per-request knobs in ``SamplingParams.extra_args`` (:func:`~meridian.vllm.runtim
 parse_request_budget`): ``meridian_max_think_tokens`` (positive int, replaces the hard cap) and
 ``meridian_forcing`` (``"on"``/``"off"``). Invalid values are rejected at admission by
 ``validate_params`` (HTTP 400 for that request; offline, an exception from ``generate``); the
-other requests are unaffected.
+other requests are unaffected. A request whose own ``allowed_token_ids`` or ``bad_words`` forbid
+a token a force emits is never forced: the client's restriction wins
+(:meth:`~meridian.vllm.runtime.MeridianRuntime.request_budget`).
 
 Fail open: an exception in Meridian's per-step code is logged once, counted in
 ``num_errors``, and the logits are returned untouched for that step.
@@ -118,6 +120,8 @@ class _ProcessorCore:
             transition=runtime.transition_ids,
         )
         self.num_errors = 0
+        # Requests whose own sampling restrictions turned their forcing off (_restricted).
+        self.num_restricted = 0
         self._logged: set[tuple[str, str]] = set()
         self._generation = 0
         # Wall time in step() (the per-step work between the forward pass and sampling), and
@@ -134,16 +138,26 @@ class _ProcessorCore:
         self._generation += 1
         return f"{slot}:{self._generation}"
 
-    @staticmethod
-    def budget_of(params: Any) -> RequestBudget | None:
-        extra = getattr(params, "extra_args", None) if params is not None else None
+    def budget_of(self, params: Any) -> RequestBudget | None:
         try:
-            return parse_request_budget(extra)
+            return self.runtime.request_budget(params, self._restricted)
         except ValueError as exc:
             # validate_params rejects these at admission; reaching here means the processor
             # was not consulted then (e.g. loaded differently). Documented fallback: defaults.
             logger.warning("Meridian: ignoring invalid extra_args (%s); using defaults", exc)
             return None
+
+    def _restricted(self) -> None:
+        """A request's own allowed_token_ids or bad_words forbid a token a force would emit:
+        its forcing is off (the client's restriction wins); counted, and logged once."""
+        self.num_restricted += 1
+        if self.num_restricted == 1:
+            logger.warning(
+                "Meridian: a request's own allowed_token_ids or bad_words forbid a token a force "
+                "emits (think_end ids %s): the client's restriction wins, forcing is off for it "
+                "(further such requests are counted in num_restricted, not logged)",
+                list(self.runtime.think_end_ids),
+            )
 
     def step(
         self, logits: torch.Tensor, rows: list[tuple[int, str]], drafts: Sequence[_Drafts] = ()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ __all__ = [
     "KNOB_SIGNALS",
     "MeridianRuntime",
     "RequestArgsError",
+    "forbids_forced_tokens",
     "parse_request_budget",
     "resolve_runtime",
     "runtime_from_vllm_config",
@@ -109,6 +110,63 @@ class MeridianRuntime:
     def think_end_ids(self) -> tuple[int, ...]:
         """The token ids that close the think phase (``()`` without reasoning)."""
         return self.format.think_end
+
+    def request_budget(
+        self, params: Any, on_restricted: Callable[[], None] | None = None
+    ) -> RequestBudget | None:
+        """The budget of a request with these ``SamplingParams``: its ``meridian_*`` knobs
+        (:func:`parse_request_budget`, whose :class:`RequestArgsError` it raises), with forcing
+        off when the client's own ``allowed_token_ids`` or ``bad_words`` forbid a token a force
+        would emit (:func:`forbids_forced_tokens`; ``on_restricted()`` is called then): the
+        client's restriction wins. The logits processor (what it forces) and the scheduler
+        (which forces it infers from the tokens) both read a request's budget here.
+        """
+        budget = parse_request_budget(getattr(params, "extra_args", None))
+        if (budget is not None and not budget.forcing) or not self.model.has_boundaries:
+            return budget
+        allowed = getattr(params, "allowed_token_ids", None)
+        bad_words = getattr(params, "bad_words_token_ids", None)
+        if not (allowed or bad_words) or not forbids_forced_tokens(
+            (*self.transition_ids, *self.model.think_end), allowed, bad_words
+        ):
+            return budget
+        if on_restricted is not None:
+            on_restricted()
+        if budget is None:
+            return _request_budget(None, False, Signals.ALL)
+        return _request_budget(budget.max_think_tokens, False, budget.signals)
+
+
+def forbids_forced_tokens(
+    forced: Sequence[int],
+    allowed_token_ids: Sequence[int] | None,
+    bad_words_token_ids: Sequence[Sequence[int]] | None,
+) -> bool:
+    """Whether a client's restrictions forbid a token of ``forced`` (what a force emits, in
+    order: the transition phrase, then ``think_end``).
+
+    ``allowed_token_ids`` forbids every token it does not list. A bad word (its token ids, as
+    vLLM's ``SamplingParams.bad_words_token_ids`` holds them) bans its last token wherever the
+    output ends with the rest of it: it may ban forced token ``j`` when it ends with that token
+    and the rest of it agrees with the forced tokens before ``j`` as far as they go (before
+    them come the model's own tokens, which may match the remainder).
+
+    >>> forbids_forced_tokens((9,), None, [[9]]), forbids_forced_tokens((9,), [1, 2], None)
+    (True, True)
+    >>> forbids_forced_tokens((5, 6, 9), None, [[7, 9]])  # "…7 9" never ends a force
+    False
+    """
+    if allowed_token_ids and not set(allowed_token_ids).issuperset(forced):
+        return True
+    for word in bad_words_token_ids or ():
+        if not word:
+            continue
+        *rest, last = word
+        for j, token in enumerate(forced):
+            k = min(j, len(rest))
+            if token == last and list(forced[j - k : j]) == rest[len(rest) - k :]:
+                return True
+    return False
 
 
 def _vocab(tokenizer: TokenizerLike | None) -> Mapping[str, int]:

@@ -64,7 +64,7 @@ from meridian.telemetry import catalogue as cat
 from meridian.telemetry.catalogue import MetricSpec
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer, make_tracer
-from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
+from meridian.vllm.runtime import MeridianRuntime, runtime_from_vllm_config
 from meridian.vllm.steplog import ENV_STEP_LOG, StepLog
 
 __all__ = [
@@ -354,7 +354,7 @@ class MeridianScheduler(Scheduler):
         self._logged_errors: set[tuple[str, str]] = set()
         # Requests added since the last step, not yet tracked (_track_new), with the policy's
         # clock when each was added.
-        self._new_requests: dict[str, tuple[Any, float]] = {}
+        self._new_requests: dict[str, tuple[Any, float | None]] = {}
         # Requests freed inside update_from_output, untracked once the step's tokens are
         # observed (None: outside update_from_output, a freed request is untracked at once).
         self._freed: list[Any] | None = None
@@ -423,10 +423,12 @@ class MeridianScheduler(Scheduler):
             }
         super().add_request(request)
         if is_new:
-            # Tracked in a batch at the next schedule() (_track_new), on the clock of now.
-            start = time.perf_counter()
-            self._new_requests[request.request_id] = (request, self.meridian_policy.clock())
-            self.meridian_overhead.update_overhead_s += time.perf_counter() - start
+            # Tracked in a batch at the next schedule() (_track_new), on the clock of now
+            # (None: the policy's clock failed; track() then reads it itself).
+            added_at = None
+            with self._guarded("add_request", request.request_id):
+                added_at = self.meridian_policy.clock()
+            self._new_requests[request.request_id] = (request, added_at)
 
     def _track_new(self) -> None:
         """The policy starts tracking the requests added since the last step, in one batch (a
@@ -440,9 +442,7 @@ class MeridianScheduler(Scheduler):
             for rid, (request, added_at) in new.items():
                 try:  # fail open for this request, track the others
                     try:
-                        budget = parse_request_budget(
-                            getattr(request.sampling_params, "extra_args", None)
-                        )
+                        budget = self.meridian.request_budget(request.sampling_params)
                     except ValueError:
                         # The logits processor rejects such requests at admission; here the
                         # knob only feeds the inferred-force counter: a bad value is not used.
@@ -516,7 +516,10 @@ class MeridianScheduler(Scheduler):
         if self.meridian_reorders:
             rows = len(getattr(output, "num_scheduled_tokens", ()))
             on_step = time.perf_counter()
-            self.meridian_policy.on_step(rows, tokens)
+            try:  # fail open (as _guarded, without its object on this per-step path)
+                self.meridian_policy.on_step(rows, tokens)
+            except Exception as exc:
+                self._policy_error("schedule", exc)
             overhead.schedule_overhead_s += time.perf_counter() - on_step
         return output
 
@@ -534,12 +537,11 @@ class MeridianScheduler(Scheduler):
             if freed:
                 self._untrack(*freed)
             if not self.has_unfinished_requests():
-                idle = time.perf_counter()
-                self.meridian_policy.on_idle()  # idle until the next request: no step time
-                if self.meridian_step_log is not None:
-                    self.meridian_step_log.idle()
-                self._publish_gauges()  # nothing runs: the batch sizes go to 0 now
-                overhead.update_overhead_s += time.perf_counter() - idle
+                with self._guarded("on_idle"):
+                    self.meridian_policy.on_idle()  # idle until the next request: no step time
+                    if self.meridian_step_log is not None:
+                        self.meridian_step_log.idle()
+                    self._publish_gauges()  # nothing runs: the batch sizes go to 0 now
             ours = overhead.update_overhead_s - ours_before
             overhead.stock_update_s += time.perf_counter() - start - ours
             self._sample_overhead()
@@ -668,11 +670,17 @@ class MeridianScheduler(Scheduler):
         samples.append((total - self._sampled_overhead_s, 1))
         self._sampled_overhead_s = total
         policy = self.meridian_policy
-        if (
-            len(samples) % OVERHEAD_SAMPLES_PER_PUBLISH == 0
-            and policy.clock() - self._published_at >= PUBLISH_INTERVAL_S
-        ) or not policy.num_tracked:
-            self._published_at = policy.clock()
+        batch_full = len(samples) % OVERHEAD_SAMPLES_PER_PUBLISH == 0
+        try:  # fail open (as _guarded, without its object on this per-step path)
+            due = (
+                batch_full and policy.clock() - self._published_at >= PUBLISH_INTERVAL_S
+            ) or not policy.num_tracked
+            if due:
+                self._published_at = policy.clock()
+        except Exception as exc:
+            self._policy_error("stat_logger", exc)
+            due = batch_full  # without the policy's clock: by the samples alone
+        if due:
             with self._guarded("stat_logger"):
                 metrics = self.meridian_metrics
                 metrics.observe_counted(cat.SCHEDULE_OVERHEAD, samples)
