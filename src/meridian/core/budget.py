@@ -153,7 +153,7 @@ class BudgetPolicy:
         """Force ``</think>`` now (a decision with its reason), or ``None`` to keep thinking.
 
         ``num_think_tokens`` counts the request's reasoning so far: the think tokens it
-        generated and those its prompt already held (``RequestPhaseState.num_reasoning_tokens``).
+        generated and those its prompt already held (``RequestState.num_reasoning_tokens``).
         """
         if num_think_tokens < 0:
             raise ValueError(f"num_think_tokens must be >= 0; got {num_think_tokens}")

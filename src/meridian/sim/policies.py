@@ -28,7 +28,6 @@ through :mod:`meridian.sim.vllm_engine`.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 

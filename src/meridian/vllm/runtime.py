@@ -122,12 +122,12 @@ class MeridianRuntime:
         (which forces it infers from the tokens) both read a request's budget here.
         """
         budget = parse_request_budget(getattr(params, "extra_args", None))
-        if (budget is not None and not budget.forcing) or not self.model.has_boundaries:
+        if (budget is not None and not budget.forcing) or not self.format.has_boundaries:
             return budget
         allowed = getattr(params, "allowed_token_ids", None)
         bad_words = getattr(params, "bad_words_token_ids", None)
         if not (allowed or bad_words) or not forbids_forced_tokens(
-            (*self.transition_ids, *self.model.think_end), allowed, bad_words
+            (*self.transition_ids, *self.format.think_end), allowed, bad_words
         ):
             return budget
         if on_restricted is not None:
