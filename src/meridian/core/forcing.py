@@ -330,6 +330,41 @@ class ThinkForcer:
             # The decision that row took (its token was forced then): recorded now.
             self.forced_token(key)
 
+    def replay(
+        self, entropies: Sequence[float] | None, num_think: int
+    ) -> tuple[int, ForceReason | None]:
+        """The think length of a request that would think ``num_think`` tokens whose rows'
+        entropies are ``entropies`` (``None``: none measured, only the hard cap can fire), and
+        why it was cut short: what this forcer decides for it step by step, as a logits
+        processor would (the simulator's trace forcing). Nothing is recorded or counted.
+
+        >>> fmt = ReasoningFormat(think_start=(3,), think_end=(4,))
+        >>> ThinkForcer(fmt, BudgetPolicy.static(5)).replay(None, 9)
+        (5, <ForceReason.HARD_CAP: 'hard_cap'>)
+        """
+        policy = self.policy
+        row = _Row(
+            output=(),
+            budget=None,
+            probe=policy.new_probe() if entropies is not None else None,
+            st=RequestState("replay", self.format, Phase.THINK),
+            cap=policy.max_think_tokens,
+        )
+        st, probe, cannot_fire, cap = row.st, row.probe, policy.cannot_fire, row.cap
+        # Until a decision, the row thinks, unforced, with nothing pending: every step's entropy
+        # is wanted (_wants_entropy), and only the count moves (set before each decision).
+        observe = None if probe is None else probe.observe
+        for k in range(num_think):
+            if observe is not None:
+                assert entropies is not None
+                observe(max(entropies[k], 0.0))
+            if not cannot_fire(k, cap, probe):
+                st.num_think_tokens = st.num_generated_tokens = k
+                _, decision = self._next_token(row)
+                if decision is not None:
+                    return k, decision.reason
+        return num_think, None
+
     def wants_entropy(self, key: str) -> bool:
         """True when this step's entropy of the request's row would be used."""
         return _wants_entropy(self._rows[key])
