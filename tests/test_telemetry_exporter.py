@@ -30,7 +30,7 @@ from meridian.telemetry.exporter import (
     stop_metrics_server,
 )
 from meridian.telemetry.metrics import MeridianMetrics
-from meridian.telemetry.sim_export import record_sim_result
+from meridian.bench.sim_metrics import record_sim_result
 
 Families = dict[str, tuple[str, list[Sample]]]
 

@@ -118,7 +118,7 @@ def faulty_engine(
             scheduler.meridian_stats.num_preemptions.values()
         ), "the workload must preempt (on_preempt is one of the calls)"
         assert token_ids(llm.generate(prompts, params, use_tqdm=False)) == clean
-        assert scheduler.meridian_overhead.policy_errors == 0
+        assert scheduler.meridian_policy_errors == 0
         yield llm, clean
     finally:
         llm.llm_engine.engine_core.shutdown()
@@ -135,7 +135,7 @@ def test_a_fault_in_a_policy_call_fails_open(
     llm, clean = faulty_engine
     scheduler = scheduler_of(llm)
     policy = scheduler.meridian_policy
-    errors_before = scheduler.meridian_overhead.policy_errors
+    errors_before = scheduler.meridian_policy_errors
     calls = dict.fromkeys(names, 0)
 
     def fault(name: str) -> Callable[..., Any]:
@@ -156,7 +156,7 @@ def test_a_fault_in_a_policy_call_fails_open(
         tracked = policy.router.tracked_requests  # (num_tracked may be the fault)
     assert outputs == clean
     assert all(calls.values()), f"the workload must make each faulted call: {calls}"
-    assert scheduler.meridian_overhead.policy_errors > errors_before
+    assert scheduler.meridian_policy_errors > errors_before
     if "untrack" not in names:
         # Every request is untracked at its end, whatever else failed.
         assert tracked == 0

@@ -265,7 +265,7 @@ class VllmEngine:
         depth = 2 if self.config.async_scheduling else 1
         # Meridian's scheduler fails open in serving (vLLM's stock behaviour applies); a run
         # that did would measure the wrong policy, so the simulator stops at the first error.
-        overhead = getattr(scheduler, "meridian_overhead", None)
+        fail_open = getattr(scheduler, "meridian_fail_open", None)
 
         def admit_until(time_ns: int) -> int:
             nonlocal next_arrival
@@ -298,7 +298,7 @@ class VllmEngine:
             self.now_ns = max(self.now_ns, done.end_ns)
             self._deliver(done)
             scheduler.update_from_output(done.output, done.runner_output)
-            if overhead is not None and overhead.policy_errors:
+            if fail_open is not None and fail_open.num_errors:
                 raise SimulationError(
                     f"Meridian's policy raised an exception in {self.spec.name!r} (logged "
                     "above): the run would measure vLLM's stock behaviour, not the policy"

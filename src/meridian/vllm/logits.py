@@ -48,6 +48,7 @@ from meridian.core.budget import BudgetPolicy, RequestBudget
 from meridian.core.forcing import ForceRecord, ThinkForcer
 from meridian.core.types import ForceReason
 from meridian.telemetry.metrics import MeridianMetrics
+from meridian.vllm.failopen import FailOpen
 from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
 
 __all__ = ["MeridianLogitsProcessor", "MeridianLogitsProcessorV2", "entropy_torch"]
@@ -119,10 +120,11 @@ class _ProcessorCore:
             self._count_force,
             transition=runtime.transition_ids,
         )
-        self.num_errors = 0
+        self.fail_open = FailOpen(
+            self.metrics, logger, "logits processor", metric_hook="logits_processor"
+        )
         # Requests whose own sampling restrictions turned their forcing off (_restricted).
         self.num_restricted = 0
-        self._logged: set[tuple[str, str]] = set()
         self._generation = 0
         # Wall time in step() (the per-step work between the forward pass and sampling), and
         # its calls: benchmarks/bench_vllm_overhead.py reports it per step.
@@ -209,20 +211,16 @@ class _ProcessorCore:
             _force_rows(logits, force_rows, force_ids)
         return logits
 
+    @property
+    def num_errors(self) -> int:
+        """Exceptions in Meridian's per-step code that left the logits untouched (failed open)."""
+        num_errors: int = self.fail_open.num_errors
+        return num_errors
+
     def error(self, where: str, exc: Exception) -> None:
-        self.num_errors += 1
-        self.metrics.count_policy_error("logits_processor")
-        key = (where, type(exc).__name__)
-        if key in self._logged:
-            return
-        self._logged.add(key)
-        logger.error(
-            "Meridian logits processor error in %s; logits left untouched this step "
-            "(further %s errors are counted, not logged)",
-            where,
-            type(exc).__name__,
-            exc_info=exc,
-        )
+        """Fail open: count and log (once per kind) an exception in ``where``; the logits of
+        that step are left untouched by the caller."""
+        self.fail_open.error(where, exc)
 
 
 class MeridianLogitsProcessor(LogitsProcessor):
