@@ -45,6 +45,9 @@ from vllm.config import (
     SchedulerConfig,
     VllmConfig,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingWorkerMetadata,
+)
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.utils.math_utils import round_up
@@ -53,7 +56,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -95,6 +98,22 @@ _CLASSES: dict[SchedulerKind, tuple[type[Scheduler], type[Scheduler]]] = {
     SchedulerKind.MERIDIAN: (MeridianScheduler, MeridianAsyncScheduler),
     SchedulerKind.PASCAL: (PascalScheduler, PascalAsyncScheduler),
 }
+
+
+def _connector_output(done: list[tuple[int, str]]) -> KVConnectorOutput | None:
+    """What vLLM's offloading worker reports for the transfer jobs ``done`` (``(job id, request
+    id)``, the request id empty for a store): each job completed, each load's request ready."""
+    if not done:
+        return None
+    meta = OffloadingWorkerMetadata()
+    recving: set[str] = set()
+    for job_id, req_id in done:
+        meta.mark_completed(job_id)
+        if req_id:
+            recving.add(req_id)
+    return KVConnectorOutput(
+        finished_sending=set(), finished_recving=recving, kv_connector_worker_meta=meta
+    )
 
 
 def model_directory(root: Path) -> Path:
@@ -378,7 +397,9 @@ class VllmEngine:
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
-            kv_connector_output=None if link is None else link.end_step(start_ns + duration),
+            kv_connector_output=None
+            if link is None
+            else _connector_output(link.end_step(start_ns + duration)),
         )
         step = _Step(output, runner_output, tokens, start_ns + duration, self._num_steps)
         if req_ids:
