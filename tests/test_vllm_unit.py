@@ -637,7 +637,8 @@ def test_output_budget_rows_come_from_config_and_the_environment_overrides(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pytest.importorskip("vllm.sampling_params")
-    from meridian.vllm.scheduler import ENV_OUTPUT_BUDGET_ROWS, _output_budget
+    from meridian.vllm.runtime import ENV_OUTPUT_BUDGET_ROWS
+    from meridian.vllm.runtime import output_budget_rows as _output_budget
 
     monkeypatch.delenv(ENV_OUTPUT_BUDGET_ROWS, raising=False)
     assert _output_budget(0) is None  # 0: the whole batch, no deferral

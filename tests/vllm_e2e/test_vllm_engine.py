@@ -501,7 +501,7 @@ def test_an_entropy_stop_keeps_its_history_through_deferrals(
     sample of 8 tokens (think token 48's place), as in the entropy sweep, however often the
     chain was deferred (a probe restarted at each return stopped such chains late)."""
     from meridian.bench.reasoner_task import problems
-    from meridian.vllm.scheduler import ENV_OUTPUT_BUDGET_ROWS
+    from meridian.vllm.runtime import ENV_OUTPUT_BUDGET_ROWS
 
     config = tmp_path / "meridian.toml"
     config.write_text(

@@ -207,11 +207,17 @@ class Publisher:
         self._sampled_overhead_s = 0.0
         self._published_at = policy.clock()
 
-    def drafts(self, answering: bool, accepted: int, rejected: int) -> None:
-        """A request's drafts were verified: ``accepted`` and ``rejected``, in its phase."""
+    def drafts(self, request_id: str, drafted: int, accepted: int) -> None:
+        """A request's ``drafted`` draft tokens were verified, ``accepted`` of them: counted by
+        the phase it was in when they were proposed (its tokens of the step are observed after
+        this). An untracked request (its tracking failed, and was counted then) is left out."""
+        try:
+            answering = self.policy.phase(request_id) is Phase.OUTPUT
+        except KeyError:
+            return
         at = 2 if answering else 0
         self._drafts[at] += accepted
-        self._drafts[at + 1] += rejected
+        self._drafts[at + 1] += max(0, drafted - accepted)
 
     def forget(self, request_id: str) -> None:
         """A request left without its tokens counted (an untracking that failed)."""

@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from meridian.config import (
     BoundaryIds,
@@ -43,11 +43,13 @@ from meridian.config import (
 from meridian.config.boundaries import TokenizerLike
 from meridian.core.budget import RequestBudget, Signals
 from meridian.core.format import ReasoningFormat
+from meridian.core.interface import output_budget_setting
 from meridian.errors import BoundaryError, ConfigError, MeridianError
 
 __all__ = [
     "ENV_CONFIG",
     "ENV_MODEL",
+    "ENV_OUTPUT_BUDGET_ROWS",
     "GENERIC_THINK_TAGS",
     "KNOB_FORCING",
     "KNOB_MAX_THINK_TOKENS",
@@ -55,6 +57,7 @@ __all__ = [
     "MeridianRuntime",
     "RequestArgsError",
     "forbids_forced_tokens",
+    "output_budget_rows",
     "parse_request_budget",
     "resolve_runtime",
     "runtime_from_vllm_config",
@@ -375,3 +378,29 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
 def _request_budget(cap: int | None, forcing: bool, signals: Signals) -> RequestBudget:
     """One shared (immutable) :class:`RequestBudget` per distinct knob setting."""
     return RequestBudget(max_think_tokens=cap, forcing=forcing, signals=signals)
+
+
+# Rows per step that keep answer streams within scheduler.output_tpot_budget_ms: the config's
+# scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
+# like $MERIDIAN_CONFIG). "auto": measured (meridian.core.output_budget); 0: the whole batch.
+ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
+
+
+def output_budget_rows(configured: int | Literal["auto"]) -> int | Literal["auto"] | None:
+    """The output budget in force: ``scheduler.output_budget_rows`` (``configured``) unless
+    ``$MERIDIAN_OUTPUT_BUDGET_ROWS`` overrides it; rows, ``None`` (the whole batch) or
+    ``"auto"``."""
+    raw = os.environ.get(ENV_OUTPUT_BUDGET_ROWS, "").strip()
+    if not raw:
+        return output_budget_setting(configured)
+    if raw == "auto":
+        return "auto"
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ConfigError(
+            f'${ENV_OUTPUT_BUDGET_ROWS} must be "auto" or a number of rows >= 0; got {raw!r}'
+        )
+    return output_budget_setting(rows)

@@ -28,6 +28,9 @@ with vLLM's stock order. Only configuration errors found at start-up (a non-FCFS
 meridian.toml, a named model family that does not fit the tokenizer) stop the engine, with a
 clear message. What the adapter reports goes through :mod:`meridian.vllm.publishing`.
 
+The hooks are short, but each carries its fail-open and its timing (Meridian's time against
+vLLM's is measured here), which is why the module is longer than the hooks' logic.
+
 The scheduler runs in the engine-core process; it derives everything from the token stream and
 ``$MERIDIAN_CONFIG``/``$MERIDIAN_MODEL`` (:mod:`meridian.vllm.runtime`). The simulator builds
 it with the ``meridian_runtime`` and ``meridian_clock`` keywords instead (its config and
@@ -42,7 +45,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -55,19 +58,16 @@ from meridian.core.policy import (
     MeridianPolicy,
     PolicyStats,
     TrackingPolicy,
-    output_budget_setting,
 )
-from meridian.core.types import Phase
 from meridian.errors import ConfigError
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import make_tracer
 from meridian.vllm.failopen import FailOpen
 from meridian.vllm.publishing import AdapterStats, MetricsListener, Publisher
-from meridian.vllm.runtime import MeridianRuntime, runtime_from_vllm_config
+from meridian.vllm.runtime import MeridianRuntime, output_budget_rows, runtime_from_vllm_config
 from meridian.vllm.steplog import ENV_STEP_LOG, StepLog
 
 __all__ = [
-    "ENV_OUTPUT_BUDGET_ROWS",
     "PROMPT_TOKENS_KEY",
     "AdapterStats",
     "MeridianAsyncScheduler",
@@ -78,34 +78,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Rows per step that keep answer streams within scheduler.output_tpot_budget_ms: the config's
-# scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
-# like $MERIDIAN_CONFIG). "auto": measured (meridian.core.output_budget); 0: the whole batch.
-ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
 # Requests that ran to their end (their lengths teach headroom admission).
 _COMPLETED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED})
 # The request's prompt length in its kv_transfer_params, set for a KV connector: Meridian's
 # host-tier eviction policy (meridian.vllm.offload.ReasoningFirstPolicy) reads it to tell prompt
 # blocks from generated ones. vLLM's scheduler only reads "do_remote_prefill" there.
 PROMPT_TOKENS_KEY = "meridian_prompt_tokens"
-
-
-def _output_budget(configured: int | Literal["auto"]) -> int | Literal["auto"] | None:
-    """The output budget in force: rows, ``None`` (the whole batch) or ``"auto"``."""
-    raw = os.environ.get(ENV_OUTPUT_BUDGET_ROWS, "").strip()
-    if not raw:
-        return output_budget_setting(configured)
-    if raw == "auto":
-        return "auto"
-    try:
-        rows = int(raw)
-    except ValueError:
-        rows = -1
-    if rows < 0:
-        raise ConfigError(
-            f'${ENV_OUTPUT_BUDGET_ROWS} must be "auto" or a number of rows >= 0; got {raw!r}'
-        )
-    return output_budget_setting(rows)
 
 
 class _NewTokens(Sequence[list[int]]):
@@ -185,7 +163,7 @@ class MeridianScheduler(Scheduler):
             config.scheduler,
             block_size=self.block_size,
             capacity=self.max_num_running_reqs,
-            output_budget=_output_budget(config.scheduler.output_budget_rows),
+            output_budget=output_budget_rows(config.scheduler.output_budget_rows),
             clock=meridian_clock,
             transition_len=len(self.meridian.transition_ids),
             listener=self._listener,
@@ -427,23 +405,9 @@ class MeridianScheduler(Scheduler):
         and only for a request that had some: the same numbers (drafts a grammar invalidated
         left out, as vLLM does) go to the draft counts by phase, the phase the request was in
         when they were proposed (its tokens of this step are observed after this)."""
-        start = time.perf_counter()
-        try:
-            drafted = num_draft_tokens - (
-                num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
-            )
-            try:
-                answering = self.meridian_policy.phase(request_id) is Phase.OUTPUT
-            except KeyError:
-                answering = None  # not tracked (its tracking failed and was counted then)
-            if answering is not None:
-                self._publisher.drafts(
-                    answering, num_accepted_tokens, max(0, drafted - num_accepted_tokens)
-                )
-        except Exception as exc:
-            self.meridian_fail_open.error("update_from_output", exc, request_id)
-        finally:
-            self.meridian_overhead.update_overhead_s += time.perf_counter() - start
+        invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
+        with self.meridian_fail_open("update_from_output", request_id, self.meridian_overhead):
+            self._publisher.drafts(request_id, num_draft_tokens - invalid, num_accepted_tokens)
         return super().make_spec_decoding_stats(
             spec_decoding_stats,
             num_draft_tokens=num_draft_tokens,
