@@ -45,7 +45,7 @@ from meridian.core.interface import (
     output_budget_setting,
 )
 from meridian.core.ordering import DualQueue
-from meridian.core.output_budget import OutputBudget
+from meridian.core.output_budget import DecodeStepTime, OutputBudget
 from meridian.core.pacing import PACE_HISTORY_STEPS, AnswerPacer
 from meridian.core.planner import READMIT_GUARD_STEPS, Planner
 from meridian.core.state import RequestState, advance
@@ -335,6 +335,21 @@ class MeridianPolicy(TrackingPolicy):
         queues = self.planner.queues
         served_output, served_think = queues.last_served
         return queues.num_output_queued, queues.num_think_queued, served_output, served_think
+
+    @property
+    def max_step_tokens(self) -> int | None:
+        """The engine's token budget per step (``None``: unknown; every change is re-planned,
+        the lazy order never keeps the engine's)."""
+        return self.planner.max_step_tokens
+
+    @max_step_tokens.setter
+    def max_step_tokens(self, tokens: int | None) -> None:
+        self.planner.max_step_tokens = tokens
+
+    @property
+    def step_time(self) -> DecodeStepTime | None:
+        """The measured decode step time behind an ``"auto"`` output budget (``None``: fixed)."""
+        return self.budget.step_time
 
     @property
     def output_budget(self) -> int | None:
