@@ -28,41 +28,44 @@ from meridian.vllm import LOGITS_PROCESSOR, SCHEDULER_CLS
 FAULTS: tuple[tuple[str, ...], ...] = (
     ("track",),
     ("plan",),
-    ("reorder_waiting",),
+    ("waiting_order",),
     ("admissions",),
     ("on_step",),
-    ("observe_steady",),
-    ("observe_rows",),
+    ("observe",),
     ("on_preempt",),
     ("untrack_many",),
     ("tokens_by_phase",),
     ("blocks_by_phase",),
+    ("queue_gauges",),
     ("on_idle",),
     ("clock",),
     ("num_tracked",),
     ("untrack_many", "untrack"),
 )
-# Members the adapter reads that are no call on the engine's path: the counters and phase read
-# by tests and benchmarks (meridian_stats, meridian_phase), and two attributes read under the
-# gauges' guard (revision, a plain int; queues, whose depths are read there).
-NOT_ENGINE_CALLS = frozenset({"stats", "phase", "revision", "queues"})
+# Members the adapter reads that are no call on this workload's path: the counters read by tests
+# and benchmarks (meridian_stats), and the phase read only under speculative decoding (draft
+# counting; test_vllm_speculative.py runs it).
+NOT_ENGINE_CALLS = frozenset({"stats", "phase"})
 
 
 def _policy_members_the_adapter_uses() -> set[str]:
-    """Attribute names read on ``self.meridian_policy`` (or a local ``policy`` bound to it) in
-    the adapter's source: the calls a fault may come from."""
+    """Attribute names read on the policy in the adapter's source (its scheduler and its
+    publishing: ``self.meridian_policy``, ``self.policy`` or a local ``policy``): the calls a
+    fault may come from."""
+    import meridian.vllm.publishing as publishing
     import meridian.vllm.scheduler as adapter
 
-    tree = ast.parse(Path(adapter.__file__).read_text(encoding="utf-8"))
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Attribute):
-            continue
-        owner = node.value
-        if (isinstance(owner, ast.Name) and owner.id == "policy") or (
-            isinstance(owner, ast.Attribute) and owner.attr == "meridian_policy"
-        ):
-            found.add(node.attr)
+    for module in (adapter, publishing):
+        tree = ast.parse(Path(module.__file__ or "").read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "policy") or (
+                isinstance(owner, ast.Attribute) and owner.attr in ("meridian_policy", "policy")
+            ):
+                found.add(node.attr)
     return found
 
 
@@ -153,7 +156,7 @@ def test_a_fault_in_a_policy_call_fails_open(
             else:
                 patch.setattr(policy, name, fault(name))
         outputs = token_ids(llm.generate(prompts, params, use_tqdm=False))
-        tracked = policy.router.tracked_requests  # (num_tracked may be the fault)
+        tracked = len(policy.tracked_ids)  # (num_tracked may be the fault)
     assert outputs == clean
     assert all(calls.values()), f"the workload must make each faulted call: {calls}"
     assert scheduler.meridian_policy_errors > errors_before
