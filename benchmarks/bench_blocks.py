@@ -20,6 +20,7 @@ from collections.abc import Callable
 from operator import itemgetter
 
 from meridian.core.preemption import Candidate, VictimClass, rank_victims
+
 from meridian.core.types import Phase
 from timing import seconds_per_call
 

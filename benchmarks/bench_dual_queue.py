@@ -18,8 +18,9 @@ import random
 import statistics
 import time
 
-from meridian.config.schema import SchedulerConfig
 from meridian.core.dual_queue import DualQueueScheduler
+
+from meridian.config.schema import SchedulerConfig
 from meridian.core.types import Phase
 
 NUM_REQUESTS = 1024

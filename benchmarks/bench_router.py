@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from meridian.core.router import PhaseRouter, ReasoningFormat
+
 from meridian.core.types import Phase
 
 NUM_REQUESTS = 256

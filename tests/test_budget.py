@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from meridian.config.schema import EntropyConfig, SchedulerConfig
 from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget, Signals
-from meridian.core.entropy import EatSource, EntropyProbe
+from meridian.core.signals import EatSource, EntropyProbe
 from meridian.core.types import ForceReason
 from meridian.errors import ConfigError
 

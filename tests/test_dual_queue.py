@@ -16,9 +16,9 @@ from hypothesis.stateful import (
     invariant,
     rule,
 )
+from meridian.core.dual_queue import DualQueueScheduler, SchedulePlan
 
 from meridian.config.schema import SchedulerConfig
-from meridian.core.dual_queue import DualQueueScheduler, SchedulePlan
 from meridian.core.types import Phase
 
 

@@ -20,6 +20,7 @@ from meridian.config import MeridianConfig, SchedulerConfig
 from meridian.core import headroom
 from meridian.core import policy as policy_module
 from meridian.core.budget import RequestBudget
+from meridian.core.format import ReasoningFormat
 from meridian.core.headroom import MIN_SAMPLES
 from meridian.core.policy import (
     BUDGET_REFIT_STEPS,
@@ -27,7 +28,6 @@ from meridian.core.policy import (
     MeridianPolicy,
     output_budget_setting,
 )
-from meridian.core.format import ReasoningFormat
 from meridian.core.types import EnterThink, ExitThink, ForceBudget, ForceReason, Phase, PhaseEvent
 
 START, END = 3, 4

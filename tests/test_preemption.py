@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from meridian.core.preemption import Candidate, VictimClass, rank_victims
+
 from meridian.core.types import Phase
 
 T, TG, A, AG = (

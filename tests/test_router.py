@@ -12,8 +12,6 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from meridian.config.boundaries import BUNDLED_MODELS, BoundaryIds
 from meridian.core.router import (
     DuplicateRequestError,
     PhaseError,
@@ -22,6 +20,8 @@ from meridian.core.router import (
     UnknownRequestError,
     _compile_marker,
 )
+
+from meridian.config.boundaries import BUNDLED_MODELS, BoundaryIds
 from meridian.core.types import (
     Complete,
     EnterThink,

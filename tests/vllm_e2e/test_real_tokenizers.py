@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from meridian.core.router import PhaseRouter
 from npm_tokenizers import tokenizer_dir
 
 from meridian.config.boundaries import BUNDLED_MODELS, resolve_boundary_ids
-from meridian.core.router import PhaseRouter
 from meridian.core.types import Phase
 from meridian.errors import BoundaryError
 from meridian.vllm.runtime import resolve_runtime

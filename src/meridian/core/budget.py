@@ -1,7 +1,7 @@
 """The think-budget policy: when to force ``</think>``.
 
 :meth:`BudgetPolicy.decide` is called with a think-phase request's token count and its
-:class:`~meridian.core.entropy.EntropyProbe`; it returns a :class:`ForceDecision` (force now, and
+:class:`~meridian.core.signals.EntropyProbe`; it returns a :class:`ForceDecision` (force now, and
 why) or ``None`` (keep thinking). The rules, in order — the first that applies wins:
 
 1. ``RequestBudget.forcing`` is false -> ``None``: never force, not even the hard cap.
@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from meridian.config.schema import EntropyConfig, SchedulerConfig
-from meridian.core.entropy import EntropyProbe
+from meridian.core.signals import EntropyProbe
 from meridian.core.types import ForceReason
 from meridian.errors import ConfigError
 

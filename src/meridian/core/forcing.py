@@ -3,7 +3,7 @@
 A logits processor sees ``[rows, vocab]`` logits once per step and a live view of each row's
 output tokens. :class:`ThinkForcer` turns that into decisions with the core objects: a
 :class:`~meridian.core.state.RequestState` of the row's own output tokens, an
-:class:`~meridian.core.entropy.EntropyProbe` fed with the row's per-token entropy while it
+:class:`~meridian.core.signals.EntropyProbe` fed with the row's per-token entropy while it
 thinks, and the :class:`~meridian.core.budget.BudgetPolicy`. The torch side
 (:mod:`meridian.vllm.logits`) only computes entropies and masks rows.
 
@@ -51,8 +51,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget, Signals
-from meridian.core.entropy import EntropyProbe
 from meridian.core.format import ReasoningFormat
+from meridian.core.signals import EntropyProbe
 from meridian.core.state import (
     RequestState,
     advance,
