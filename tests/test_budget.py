@@ -267,7 +267,7 @@ def test_a_request_back_with_its_output_view_resumes_its_probe() -> None:
     out.append(7)
     assert forcer.resume("r", out)
     assert forcer._rows["r"].probe is probe and probe.num_tokens == 2
-    assert forcer.router.state("r").num_think_tokens == 3
+    assert forcer.state("r").num_think_tokens == 3
     del out[:]
     assert not forcer.resume("r", out)  # tokens taken back: start afresh
     forcer.check_integrity()

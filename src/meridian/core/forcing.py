@@ -188,6 +188,10 @@ class ThinkForcer:
         """Stop tracking ``key`` (finished, aborted or preempted). Unknown keys are ignored."""
         self._rows.pop(key, None)
 
+    def state(self, key: str) -> RequestState:
+        """The phase state of ``key`` as of the tokens seen so far."""
+        return self._rows[key].st
+
     def output(self, key: str) -> Sequence[int]:
         """The live output view ``key`` was added with."""
         return self._rows[key].output
