@@ -65,10 +65,6 @@ class PolicySpec:
     scheduler: SchedulerKind
     forcing: Forcing | None
 
-    @property
-    def needs_matched_cap(self) -> bool:
-        return self.forcing is None
-
 
 DEFAULT_POLICIES = (
     "meridian",
