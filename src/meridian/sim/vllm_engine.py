@@ -364,7 +364,6 @@ class VllmEngine:
                 else Phase.OUTPUT
             )
             self.counters.on_preempt(phase)
-            live.record.on_preempt(phase)
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         tokens: list[tuple[_Live, int]] = []
