@@ -455,9 +455,12 @@ def test_the_listener_hears_first_answers_and_answer_gaps_on_the_clock() -> None
         clock.now = now
         batch = {"t": t_toks, "c": c_toks} if c_toks else {"t": t_toks}
         policy.observe(list(batch), list(batch.values()), step)
-    # A first answer is reported for the request that reasoned only (a chat's is its TTFT);
-    # so is the start of reasoning (once, at its first token).
-    assert [e for e in listener.log if e[0] == "first answer"] == [("first answer", "t")]
+    # A first answer is reported for every request (a chat's TTFVT is its TTFT), at its step;
+    # the start of reasoning for the request that reasoned only (once, at its first token).
+    assert [e for e in listener.log if e[0] == "first answer"] == [
+        ("first answer", "c"),
+        ("first answer", "t"),
+    ]
     assert [e for e in listener.log if e[0] == "reasoning"] == [("reasoning", "t")]
     assert thinker.request_id == "t" and chat.request_id == "c"
     # c: 1 -> 2 (0.5 s); t and c: 2 -> 3 (0.25 s each); t: 3 -> 6 (a stall of 1.25 s).

@@ -23,7 +23,7 @@ from meridian.config import SchedulerConfig
 from meridian.core.budget import RequestBudget
 from meridian.core.format import ReasoningFormat
 from meridian.core.policy import MeridianPolicy, UntrackedRequestsError
-from meridian.core.state import RequestState, advance, reasoned, start
+from meridian.core.state import RequestState, advance, start
 from meridian.core.types import EnterThink, ExitThink, ForceReason, Phase, PhaseEvent
 
 START, END = 3, 4
@@ -198,8 +198,7 @@ class Reference:
                     ]
             if st_.num_output_tokens:  # its first answer tokens
                 r.last_answer_step = step
-                if reasoned(st_):
-                    log.append((step, "first answer"))
+                log.append((step, "first answer"))  # every request's: its TTFVT
 
 
 def check(policy: MeridianPolicy, ref: Reference, listener: Listener) -> None:

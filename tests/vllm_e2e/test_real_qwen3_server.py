@@ -113,7 +113,7 @@ def test_thinking_off_is_all_answer_for_both(
     # The template closed the think block in the prompt: Meridian starts answering at once.
     assert delta["think"] == 0 and delta["exits"] == 0 and delta["forces"] == 0
     assert delta["answer"] == len(ids) - ids.count(THINK_END) - ids[:1].count(THINK_START)
-    assert delta["ttfvt"] == 0  # a plain answer's first token is its TTFT, not a TTFVT
+    assert delta["ttfvt"] == 1  # a plain answer's first token: its TTFVT is its TTFT
 
 
 def test_no_think_directive_matches_the_parser(

@@ -37,6 +37,7 @@ from meridian.core.types import ForceReason, Phase
 from meridian.errors import ConfigError
 from meridian.sim.records import RequestRecord, SimResult, TimeSample
 from meridian.sim.request import RequestKind
+from meridian.telemetry.latency import ttfvt, ttot
 
 NS_PER_S = 1_000_000_000
 SIGNIFICANT_DIGITS = 6
@@ -268,13 +269,13 @@ def answer_gaps_ns(record: RequestRecord) -> npt.NDArray[np.int64]:
 def collect_distributions(records: Sequence[RequestRecord]) -> RunDistributions:
     """The raw values behind each distribution metric; a request lacking a timestamp is skipped."""
     ttft = [r.first_token_ns - r.arrival_ns for r in records if r.first_token_ns is not None]
-    ttfvt = [r.first_answer_ns - r.arrival_ns for r in records if r.first_answer_ns is not None]
-    ttot = [
-        r.first_answer_ns - r.think_end_ns
-        for r in records
+    answered = [r for r in records if r.first_answer_ns is not None]
+    to_visible = [ttfvt(r.arrival_ns, r.first_answer_ns) for r in answered]  # type: ignore[type-var]
+    to_answer = [
+        t
+        for r in answered
         if r.kind is RequestKind.REASONING
-        and r.first_answer_ns is not None
-        and r.think_end_ns is not None
+        and (t := ttot(r.think_end_ns, r.first_answer_ns)) is not None  # type: ignore[type-var]
     ]
     gaps = [answer_gaps_ns(r) for r in records if len(r.answer_token_ns) > 1]
     finished = [r for r in records if r.finished]
@@ -282,8 +283,8 @@ def collect_distributions(records: Sequence[RequestRecord]) -> RunDistributions:
     answer = [r.num_answer_tokens for r in finished]
     return RunDistributions(
         ttft_s=_seconds(ttft),
-        ttfvt_s=_seconds(ttfvt),
-        ttot_s=_seconds(ttot),
+        ttfvt_s=_seconds(to_visible),
+        ttot_s=_seconds(to_answer),
         output_itl_s=(np.concatenate(gaps).astype(np.float64) / NS_PER_S if gaps else np.zeros(0)),
         think_tokens=np.asarray(think, dtype=np.float64),
         answer_tokens=np.asarray(answer, dtype=np.float64),

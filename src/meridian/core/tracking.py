@@ -39,7 +39,6 @@ from meridian.core.state import (
     advance_many,
     count_think,
     integrity_problem,
-    reasoned,
     start,
     thinks_on,
 )
@@ -374,7 +373,7 @@ class Tracker:
 
     def _first_answer(self, st: RequestState, step: int) -> None:
         self.served.add(st.request_id)  # (while observing `step`: its streams)
-        if self.listener is not None and reasoned(st):
+        if self.listener is not None:
             self.listener.first_answer(st.request_id)
 
     def _on_think_exit(self, st: RequestState, event: ExitThink) -> None:

@@ -157,8 +157,8 @@ POLICY_ERRORS: Final = MetricSpec(
 TTFVT: Final = MetricSpec(
     "meridian_ttfvt_seconds", H,
     "Time to first visible token (GuideLLM/aiperf: time to first output token): request "
-    "arrival to the first answer token, for requests that reasoned; measured by the engine-core "
-    "scheduler when it receives the token.",
+    "arrival to the first answer token (a request that did not reason: its first token); "
+    "measured by the engine-core scheduler when it receives the token.",
     dotted="meridian.ttfvt", unit="seconds", buckets=_WAIT_BUCKETS,
 )  # fmt: skip
 TTOT: Final = MetricSpec(

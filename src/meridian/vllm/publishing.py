@@ -25,6 +25,7 @@ from meridian.core.policy import TrackingPolicy
 from meridian.core.types import ForceReason, Phase, PhaseEvent, Tier
 from meridian.telemetry import catalogue as cat
 from meridian.telemetry.catalogue import MetricSpec
+from meridian.telemetry.latency import ttfvt, ttot
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer
 from meridian.vllm.failopen import FailOpen
@@ -126,10 +127,10 @@ class MetricsListener:
         now = self.now()
         request = self.requests.get(request_id)
         if request is not None:
-            self._ttfvt.append((max(0.0, now - request.arrival_time), 1))
-        ended = self._think_ended_at.pop(request_id, None)
-        if ended is not None:
-            self._ttot.append((max(0.0, now - ended), 1))
+            self._ttfvt.append((ttfvt(request.arrival_time, now), 1))
+        to_answer = ttot(self._think_ended_at.pop(request_id, None), now)
+        if to_answer is not None:
+            self._ttot.append((to_answer, 1))
 
     def answer_gaps(self, seconds: float, count: int) -> None:
         self._itl.append((seconds, count))
