@@ -105,6 +105,9 @@ Fitted to that, every simulated chain would be certain, settled only at its end,
 EAT as soon as ``eat_min_distance`` allows: a toy trained to certainty, not a long-chain LLM. A
 model with real hesitation (a distilled reasoner on a GPU, with a labelled set) is what the same
 script and ``bench.entropy_traces`` should be run on before any parameter here is fitted.
+
+Length: the model, its fit and its calibration check are one assumption and are read together
+(the docstring above says what it is and is not).
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Definitions (DESIGN.md, "Measuring"); every time is in seconds of simulated time
 Percentiles use ``numpy.percentile(..., method="linear")``; a metric with no values is ``None``
 (JSON ``null``), never an error. Every float of a summary is rounded to 6 significant digits so
 that a report does not change with the last bits of a float sum.
+
+Length: every figure a report states is defined here, in one place, with the pydantic models
+the JSON report is written from; splitting the definitions from their models would put one fact
+in two files.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ instead (clients with bursty arrivals and their own length tables): :mod:`meridi
 >>> specs = generate_workload("sharegpt", WorkloadParams(arrival_rate=5.0, duration_s=2.0, seed=1))
 >>> [s.request_id for s in specs][:2], specs == sorted(specs, key=lambda s: s.arrival_ns)
 (['r000000', 'r000001'], True)
+
+Length: one table of named workloads and the generator they share (lengths, kinds, arrivals,
+traces); each workload is data, not code.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ Which EAT signal a probe uses is explicit (:class:`EatSource`):
   after appending ``</think>`` (the paper also appends a newline) to the reasoning so far, which
   needs an extra forward pass per sample. A caller that computes it feeds it with
   :meth:`EntropyProbe.add_sample`; per-token :meth:`EntropyProbe.observe` then only feeds RPDI.
+
+Length: the EAT and RPDI trackers and the probe that combines them are one signal path,
+read together with the paper's definitions above.
 """
 
 from __future__ import annotations

@@ -23,6 +23,9 @@ loads that hold their request back, flushes that hold the step back. Arrivals jo
 scheduler when the engine core would next see them (before the next ``schedule()`` call).
 
 This module imports vLLM and is used from the vLLM environment (``.venv-vllm``).
+
+Length: the driver owns vLLM's scheduler, the KV connector's host link and the engine core's
+step loop, which must stay in one place to keep vLLM's order of calls.
 """
 
 from __future__ import annotations

@@ -28,6 +28,10 @@ Fail open: an exception in Meridian's per-step code is logged once, counted in
 
 ``is_argmax_invariant()`` is False: forcing changes the greedy choice, so vLLM applies the
 processor under greedy sampling too.
+
+Length: the V1 and V2 processors share one core (:class:`_ProcessorCore`) and each
+adapts it to its runner's interface; splitting them would put the shared core in a third module
+only they import.
 """
 
 from __future__ import annotations
