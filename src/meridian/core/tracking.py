@@ -21,8 +21,10 @@ ways through the same accounting:
 
 The three agree exactly with a plain reference model (``tests/test_tracking.py`` replays random
 engine steps shaped to take each way). Length: the three ways are one observe path and share its
-state; they are kept together so that the fast ways cannot drift from the general one. Answer tokens are not fed to :func:`~meridian.core.state.advance`: a phase never
-changes once a request answers; their counts are the engine's (:meth:`Tracker.tokens_by_phase`).
+state; they are kept together so that the fast ways cannot drift from the general one.
+
+Answer tokens are not fed to :func:`~meridian.core.state.advance`: a phase never changes once a
+request answers; their counts are the engine's (:meth:`Tracker.tokens_by_phase`).
 """
 
 from __future__ import annotations
