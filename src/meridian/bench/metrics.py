@@ -260,7 +260,7 @@ class RunDistributions:
     answer_tokens: FloatArray
 
 
-def _seconds(values: Iterable[int]) -> FloatArray:
+def _seconds(values: Iterable[float]) -> FloatArray:
     return np.fromiter(values, dtype=np.float64) / NS_PER_S
 
 
@@ -273,13 +273,12 @@ def answer_gaps_ns(record: RequestRecord) -> npt.NDArray[np.int64]:
 def collect_distributions(records: Sequence[RequestRecord]) -> RunDistributions:
     """The raw values behind each distribution metric; a request lacking a timestamp is skipped."""
     ttft = [r.first_token_ns - r.arrival_ns for r in records if r.first_token_ns is not None]
-    answered = [r for r in records if r.first_answer_ns is not None]
-    to_visible = [ttfvt(r.arrival_ns, r.first_answer_ns) for r in answered]  # type: ignore[type-var]
+    answered = [(r, r.first_answer_ns) for r in records if r.first_answer_ns is not None]
+    to_visible = [ttfvt(r.arrival_ns, first) for r, first in answered]
     to_answer = [
         t
-        for r in answered
-        if r.kind is RequestKind.REASONING
-        and (t := ttot(r.think_end_ns, r.first_answer_ns)) is not None  # type: ignore[type-var]
+        for r, first in answered
+        if r.kind is RequestKind.REASONING and (t := ttot(r.think_end_ns, first)) is not None
     ]
     gaps = [answer_gaps_ns(r) for r in records if len(r.answer_token_ns) > 1]
     finished = [r for r in records if r.finished]

@@ -92,8 +92,8 @@ class TrackingPolicy:
         admission: Literal["headroom", "vllm"] = "headroom",
         max_step_tokens: int | None = None,
     ) -> None:
-        """The same arguments as :class:`MeridianPolicy` (an adapter builds either the same
-        way); those of planning and admission are not used here."""
+        """One signature for every policy (an adapter builds any of them the same way); the
+        arguments of planning and admission go to :meth:`_build`."""
         if block_size < 1 or capacity < 1:
             raise ValueError(f"block_size and capacity must be >= 1; got {block_size}, {capacity}")
         self.format = fmt
@@ -113,6 +113,17 @@ class TrackingPolicy:
             on_phase_change=self._phase_changed,
         )
         self.listener = listener
+        self._build(config, output_budget, admission, max_step_tokens)
+
+    def _build(
+        self,
+        config: SchedulerConfig,
+        output_budget: int | Literal["auto"] | None,
+        admission: Literal["headroom", "vllm"],
+        max_step_tokens: int | None,
+    ) -> None:
+        """Build what a subclass plans and admits with (the constructor's last step); the
+        tracking part alone needs nothing more."""
 
     def _history(self, config: SchedulerConfig) -> int:
         """Steps of token times to keep (besides a listener's)."""
@@ -273,29 +284,14 @@ class MeridianPolicy(TrackingPolicy):
     <Phase.THINK: 1>
     """
 
-    def __init__(
+    def _build(
         self,
-        fmt: ReasoningFormat,
         config: SchedulerConfig,
-        *,
-        block_size: int,
-        capacity: int,
-        output_budget: int | Literal["auto"] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        transition_len: int = 0,
-        listener: PolicyListener | None = None,
-        admission: Literal["headroom", "vllm"] = "headroom",
-        max_step_tokens: int | None = None,
+        output_budget: int | Literal["auto"] | None,
+        admission: Literal["headroom", "vllm"],
+        max_step_tokens: int | None,
     ) -> None:
-        super().__init__(
-            fmt,
-            config,
-            block_size=block_size,
-            capacity=capacity,
-            clock=clock,
-            transition_len=transition_len,
-            listener=listener,
-        )
+        block_size, capacity, clock = self.block_size, self.capacity, self.clock
         pace_s = float(config.answer_pace_ms) / 1000.0
         tracker = self.tracker
         self.budget = OutputBudget(

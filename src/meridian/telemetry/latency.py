@@ -17,21 +17,17 @@ seconds) and never return a negative duration (two clocks read a few microsecond
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 __all__ = ["ttfvt", "ttot"]
 
-T = TypeVar("T", int, float)
 
-
-def ttfvt(arrival: T, first_answer: T) -> T:
+def ttfvt(arrival: float, first_answer: float) -> float:
     """Time to first visible token of any request: arrival to its first answer token."""
-    return max(first_answer - arrival, 0)  # type: ignore[return-value]
+    return max(first_answer - arrival, 0)
 
 
-def ttot(think_end: T | None, first_answer: T) -> T | None:
+def ttot(think_end: float | None, first_answer: float) -> float | None:
     """Time from the end of reasoning to the first answer token; ``None`` for a request that
     did not reason (no ``think_end``)."""
     if think_end is None:
         return None
-    return max(first_answer - think_end, 0)  # type: ignore[return-value]
+    return max(first_answer - think_end, 0)
