@@ -25,7 +25,7 @@ from meridian.bench.accuracy import (
     grade,
     load_dataset,
     pareto_front,
-    parse_policies,
+    parse_forcing_policies,
     run_accuracy,
     summarize,
     wilson_interval,
@@ -110,7 +110,7 @@ def test_wilson_interval_matches_the_formula_at_known_points() -> None:
 
 
 def test_policies_parse_with_sweeps_and_their_request_fields() -> None:
-    policies = parse_policies("none,cap:64,128,hard-cap:32,meridian,eat,rpdi")
+    policies = parse_forcing_policies("none,cap:64,128,hard-cap:32,meridian,eat,rpdi")
     assert [p.name for p in policies] == [
         "none", "cap:64", "cap:128", "hard-cap:32", "meridian", "eat", "rpdi",
     ]  # fmt: skip
@@ -132,7 +132,7 @@ def test_policies_parse_with_sweeps_and_their_request_fields() -> None:
         ("", "no policy"),
     ]:
         with pytest.raises(MeridianError, match=message):
-            parse_policies(bad)
+            parse_forcing_policies(bad)
 
 
 class FakeServer:
@@ -171,7 +171,7 @@ class FakeServer:
 
 def test_the_client_runs_every_item_under_every_policy(tmp_path: Path) -> None:
     items = [Item(f"i{i}", f"q{i}", "4", "numeric") for i in range(6)]
-    policies = parse_policies("none,cap:5,hard-cap:20")
+    policies = parse_forcing_policies("none,cap:5,hard-cap:20")
     server = FakeServer()
     run = AccuracyRun(url="http://test/v1", model="m", concurrency=2, seed=3)
     done: list[tuple[str, int]] = []
@@ -234,7 +234,7 @@ def test_think_tokens_are_counted_from_token_ids_where_the_server_reports_none()
     items = [Item("answered", "a", "4", "numeric"), Item("cut", "b", "4", "numeric")]
     run = AccuracyRun(url="http://test/v1", model="m")
     outcomes, _ = run_accuracy(
-        run, parse_policies("none"), items, None, httpx.MockTransport(server)
+        run, parse_forcing_policies("none"), items, None, httpx.MockTransport(server)
     )
     got = {o.item: (o.think_tokens, o.answer_tokens, o.correct) for o in outcomes}
     assert got == {"answered": (3, 3, True), "cut": (3, 0, False)}
@@ -330,7 +330,9 @@ class FakeReasoner:
 
 def probe_run(server: FakeReasoner, items: list[Item], policies: str, **kw: Any) -> Any:
     run = AccuracyRun(url="http://test/v1", model="m", seed=5, **kw)
-    return run_accuracy(run, parse_policies(policies), items, None, httpx.MockTransport(server))
+    return run_accuracy(
+        run, parse_forcing_policies(policies), items, None, httpx.MockTransport(server)
+    )
 
 
 def test_probe_entropy_lumps_the_tail_into_one_outcome() -> None:
@@ -424,13 +426,13 @@ def test_eat_probe_stops_at_max_tokens_without_an_answer() -> None:
 
 
 def test_eat_probe_policies_parse_and_need_tokenize() -> None:
-    policies = parse_policies("eat-probe,eat-probe:8", probe_interval=16)
+    policies = parse_forcing_policies("eat-probe,eat-probe:8", probe_interval=16)
     assert [(p.name, p.probe_interval) for p in policies] == [
         ("eat-probe:16", 16),
         ("eat-probe:8", 8),
     ]
     assert policies[0].fields == {"vllm_xargs": {"meridian_forcing": "off"}}
-    assert all(p.probe_interval is None for p in parse_policies("none,cap:4,eat"))
+    assert all(p.probe_interval is None for p in parse_forcing_policies("none,cap:4,eat"))
     for bad, message in [
         ("eat-probe:0", "eat-probe needs a positive token count; got 'eat-probe:0'"),
         ("eat-probe:x", "eat-probe needs a positive token count"),
@@ -438,11 +440,11 @@ def test_eat_probe_policies_parse_and_need_tokenize() -> None:
         ("eat-probe,eat-probe:32", "listed twice"),
     ]:
         with pytest.raises(MeridianError, match=message):
-            parse_policies(bad)
+            parse_forcing_policies(bad)
     # A server without /tokenize (FakeServer: not vLLM) cannot be probed: one clear error.
     run = AccuracyRun(url="http://test/v1", model="m")
     with pytest.raises(MeridianError, match="eat-probe:32 needs the server's /tokenize"):
-        run_accuracy(run, parse_policies("eat-probe"), [Item("a", "q0", "4")], None,
+        run_accuracy(run, parse_forcing_policies("eat-probe"), [Item("a", "q0", "4")], None,
                      httpx.MockTransport(FakeServer()))  # fmt: skip
 
 
