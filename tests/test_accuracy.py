@@ -60,16 +60,19 @@ def test_dataset_items_and_defaults(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ("not json", "set.jsonl:1: not JSON"),
-        ("[1]", "set.jsonl:1: an item must be a JSON object"),
-        ('{"answer": "1"}', "set.jsonl:1: prompt must be a non-empty string; got None"),
-        ('{"prompt": "p", "answer": "1", "checker": "fuzzy"}', "checker must be one of exact"),
+        ("not json", "set.jsonl:1: not valid JSON: Expecting value"),
+        ("[1]", "set.jsonl:1: expected a JSON object; got array"),
+        ('{"answer": "1"}', "set.jsonl:1: prompt: required field is missing"),
+        ('{"prompt": "", "answer": "1"}', "set.jsonl:1: prompt must be a non-empty string; got ''"),
+        ('{"prompt": "p", "answer": true}', "answer must be a non-empty string or a number"),
+        ('{"prompt": "p", "answer": "A", "choices": ["a", 3]}', "choices.1: input should be a"),
+        ('{"prompt": "p", "answer": "1", "checker": "fuzzy"}', "checker: input should be 'exact'"),
         ('{"prompt": "p", "answer": "x", "checker": "numeric"}', "answer must be a number"),
         ('{"prompt": "p", "answer": "1", "tolerance": -1}', "tolerance must be a finite number"),
         ('{"prompt": "p", "answer": "1", "tolerance": NaN}', "tolerance must be a finite number"),
         ('{"prompt": "p", "answer": "(", "checker": "regex"}', "pattern is not a regular"),
         ('{"prompt": "p", "answer": "b", "checker": "choice"}', "one capital letter"),
-        ('{"prompt": "p", "answer": "1", "colour": "red"}', "unknown field 'colour'"),
+        ('{"prompt": "p", "answer": "1", "colour": "red"}', "colour: unknown field (allowed: id"),
     ],
 )
 def test_bad_lines_are_named(tmp_path: Path, line: str, message: str) -> None:
@@ -78,7 +81,7 @@ def test_bad_lines_are_named(tmp_path: Path, line: str, message: str) -> None:
 
 
 def test_an_empty_dataset_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(DatasetError, match="no items"):
+    with pytest.raises(DatasetError, match="dataset file is empty"):
         load_dataset(write(tmp_path, "", "  "))
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from meridian.bench.jsonl import json_type
 from meridian.errors import MeridianError
 from meridian.sim.request import RequestKind, RequestSpec
 
@@ -128,23 +129,11 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _type_name(value: object) -> str:
-    return {
-        bool: "boolean",
-        int: "integer",
-        float: "number",
-        str: "string",
-        list: "array",
-        dict: "object",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
-
-
 def _count(record: dict[str, Any], key: str, at: str, minimum: int) -> int:
     value = record[key]
     if not _is_int(value):
         raise TraceError(
-            f"{at}: field {key!r} must be an integer; got {value!r} ({_type_name(value)})"
+            f"{at}: field {key!r} must be an integer; got {value!r} ({json_type(value)})"
         )
     if value < minimum:
         raise TraceError(f"{at}: field {key!r} must be >= {minimum}; got {value}")
@@ -157,7 +146,7 @@ def _parse_line(line: str, at: str, *, default_id: str) -> RequestSpec:
     except json.JSONDecodeError as exc:
         raise TraceError(f"{at}: not valid JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(record, dict):
-        raise TraceError(f"{at}: expected a JSON object; got {_type_name(record)}")
+        raise TraceError(f"{at}: expected a JSON object; got {json_type(record)}")
     for key in REQUIRED_FIELDS:
         if key not in record:
             raise TraceError(f"{at}: missing required field {key!r}")
@@ -170,7 +159,7 @@ def _parse_line(line: str, at: str, *, default_id: str) -> RequestSpec:
     if not _is_number(arrival_s):
         raise TraceError(
             f"{at}: field 'arrival_s' must be a number of seconds; got {arrival_s!r} "
-            f"({_type_name(arrival_s)})"
+            f"({json_type(arrival_s)})"
         )
     if not math.isfinite(arrival_s) or arrival_s < 0:
         raise TraceError(f"{at}: field 'arrival_s' must be a finite number >= 0; got {arrival_s}")
@@ -182,7 +171,7 @@ def _parse_line(line: str, at: str, *, default_id: str) -> RequestSpec:
     if not isinstance(request_id, str) or not request_id:
         raise TraceError(
             f"{at}: field 'id' must be a non-empty string; got {request_id!r} "
-            f"({_type_name(request_id)})"
+            f"({json_type(request_id)})"
         )
 
     entropy = None
@@ -215,7 +204,7 @@ def _parse_line(line: str, at: str, *, default_id: str) -> RequestSpec:
 def _entropy(values: object, think: int, at: str) -> np.ndarray[Any, np.dtype[np.float32]]:
     if not isinstance(values, list):
         raise TraceError(
-            f"{at}: field 'entropy' must be an array of numbers; got {_type_name(values)}"
+            f"{at}: field 'entropy' must be an array of numbers; got {json_type(values)}"
         )
     if len(values) != think:
         raise TraceError(
@@ -227,7 +216,7 @@ def _entropy(values: object, think: int, at: str) -> np.ndarray[Any, np.dtype[np
     if not set(map(type, values)) <= {int, float}:
         i, v = next((i, v) for i, v in enumerate(values) if not _is_number(v))
         raise TraceError(
-            f"{at}: field 'entropy': entropy[{i}] must be a number; got {v!r} ({_type_name(v)})"
+            f"{at}: field 'entropy': entropy[{i}] must be a number; got {v!r} ({json_type(v)})"
         )
     array = np.asarray(values, dtype=np.float64)
     bad = ~np.isfinite(array) | (array < 0)

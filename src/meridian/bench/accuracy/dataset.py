@@ -3,18 +3,29 @@ against an item (the checkers are described in :mod:`meridian.bench.accuracy`)."
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    PlainValidator,
+    Strict,
+    StrictStr,
+    model_validator,
+)
+
+from meridian.bench.jsonl import read_jsonl
 from meridian.errors import MeridianError
 
 __all__ = ["CHECKERS", "DatasetError", "Item", "grade", "load_dataset"]
 
-CHECKERS = ("exact", "numeric", "regex", "choice")
+Checker = Literal["exact", "numeric", "regex", "choice"]
+CHECKERS: tuple[str, ...] = get_args(Checker)
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*)?\.?\d+(?:[eE][-+]?\d+)?")
 _LETTER = re.compile(r"\b([A-Z])\b")
 
@@ -36,73 +47,70 @@ class Item:
     choices: tuple[str, ...] = ()
 
 
+def _text(value: object) -> str:
+    if isinstance(value, str) and value:
+        return value
+    raise ValueError("must be a non-empty string")
+
+
+def _answer_text(value: object) -> str:
+    """An answer as text: a non-empty string, or a JSON number written as Python does."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and value:
+        return value
+    raise ValueError("must be a non-empty string or a number")
+
+
+def _finite_non_negative(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+class ItemLine(BaseModel):
+    """One line of the dataset as written (the module docstring of
+    :mod:`meridian.bench.accuracy` describes the fields)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: Any = None  # any JSON value, as text; item-N (its position) when absent
+    prompt: Annotated[str, PlainValidator(_text)]
+    answer: Annotated[str, PlainValidator(_answer_text)]
+    checker: Checker = "exact"
+    tolerance: Annotated[float, Strict(), AfterValidator(_finite_non_negative)] = 0.0
+    pattern: StrictStr | None = None
+    choices: list[StrictStr] = []
+
+    @model_validator(mode="after")
+    def _fits_checker(self) -> ItemLine:
+        answer = self.answer
+        if self.checker == "numeric" and _last_number(answer) is None:
+            raise ValueError(f"answer must be a number for the numeric checker; got {answer!r}")
+        if self.checker == "regex":
+            try:
+                re.compile(self.pattern or answer)
+            except re.error as exc:
+                raise ValueError(
+                    f"pattern is not a regular expression ({exc}); got {self.pattern or answer!r}"
+                ) from None
+        if self.checker == "choice" and not re.fullmatch(r"[A-Z]", answer.strip()):
+            raise ValueError(
+                f"answer must be one capital letter for the choice checker; got {answer!r}"
+            )
+        return self
+
+    def item(self, index: int) -> Item:
+        """The item, ``index`` its position in the file (the default id)."""
+        item_id = f"item-{index}" if self.id is None else str(self.id)
+        return Item(item_id, self.prompt, self.answer, self.checker, self.tolerance,
+                    self.pattern, tuple(self.choices))  # fmt: skip
+
+
 def load_dataset(path: Path) -> list[Item]:
     """The items of a JSONL file; a bad line raises :class:`DatasetError` naming it."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"cannot read dataset {path}: {exc}") from None
-    items: list[Item] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{where}: not JSON ({exc.msg})") from None
-        if not isinstance(raw, dict):
-            raise DatasetError(f"{where}: an item must be a JSON object")
-        items.append(_item(raw, where, len(items)))
-    if not items:
-        raise DatasetError(f"{path}: no items")
-    return items
-
-
-def _item(raw: dict[str, Any], where: str, index: int) -> Item:
-    def text(key: str, required: bool = True) -> str | None:
-        value = raw.get(key)
-        if value is None and not required:
-            return None
-        if key == "answer" and isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
-        if not isinstance(value, str) or (required and not value):
-            raise DatasetError(f"{where}: {key} must be a non-empty string; got {value!r}")
-        return value
-
-    unknown = sorted(set(raw) - {"id", "prompt", "answer", "checker", "tolerance", "pattern",
-                                 "choices"})  # fmt: skip
-    if unknown:
-        raise DatasetError(f"{where}: unknown field {unknown[0]!r}")
-    checker = raw.get("checker", "exact")
-    if checker not in CHECKERS:
-        raise DatasetError(
-            f"{where}: checker must be one of {', '.join(CHECKERS)}; got {checker!r}"
-        )
-    tolerance = raw.get("tolerance", 0.0)
-    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float):
-        raise DatasetError(f"{where}: tolerance must be a number; got {tolerance!r}")
-    if not (math.isfinite(tolerance) and tolerance >= 0):
-        raise DatasetError(f"{where}: tolerance must be a finite number >= 0; got {tolerance!r}")
-    answer = text("answer")
-    assert answer is not None
-    if checker == "numeric" and _last_number(answer) is None:
-        raise DatasetError(f"{where}: answer must be a number for the numeric checker")
-    pattern = text("pattern", required=False)
-    if checker == "regex":
-        try:
-            re.compile(pattern or answer)
-        except re.error as exc:
-            raise DatasetError(f"{where}: pattern is not a regular expression ({exc})") from None
-    choices = raw.get("choices", [])
-    if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
-        raise DatasetError(f"{where}: choices must be a list of strings")
-    if checker == "choice" and not re.fullmatch(r"[A-Z]", answer.strip()):
-        raise DatasetError(f"{where}: answer must be one capital letter for the choice checker")
-    item_id = raw.get("id", f"item-{index}")
-    prompt = text("prompt")
-    assert prompt is not None
-    return Item(str(item_id), prompt, answer, checker, float(tolerance), pattern, tuple(choices))
+    lines = read_jsonl(path, ItemLine, DatasetError, what="dataset")
+    return [line.item(index) for index, (_, line) in enumerate(lines)]
 
 
 def _normal(text: str) -> str:
