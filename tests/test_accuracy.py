@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,7 @@ def test_dataset_items_and_defaults(tmp_path: Path) -> None:
         ('{"answer": "1"}', "set.jsonl:1: prompt: required field is missing"),
         ('{"prompt": "", "answer": "1"}', "set.jsonl:1: prompt must be a non-empty string; got ''"),
         ('{"prompt": "p", "answer": true}', "answer must be a non-empty string or a number"),
-        ('{"prompt": "p", "answer": "A", "choices": ["a", 3]}', "choices.1: input should be a"),
+        ('{"prompt": "p", "answer": "A", "choices": ["a", 3]}', "choices[1]: input should be a"),
         ('{"prompt": "p", "answer": "1", "checker": "fuzzy"}', "checker: input should be 'exact'"),
         ('{"prompt": "p", "answer": "x", "checker": "numeric"}', "answer must be a number"),
         ('{"prompt": "p", "answer": "1", "tolerance": -1}', "tolerance must be a finite number"),
@@ -76,7 +77,7 @@ def test_dataset_items_and_defaults(tmp_path: Path) -> None:
     ],
 )
 def test_bad_lines_are_named(tmp_path: Path, line: str, message: str) -> None:
-    with pytest.raises(DatasetError, match=message.replace("(", r"\(")):
+    with pytest.raises(DatasetError, match=re.escape(message)):
         load_dataset(write(tmp_path, line))
 
 

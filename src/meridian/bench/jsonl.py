@@ -6,22 +6,41 @@ field (worded by the config's formatter, :func:`~meridian.config.loading.format_
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, PlainValidator, Strict, ValidationError
 
 from meridian.config.loading import format_validation_error
 from meridian.errors import MeridianError
 
-__all__ = ["json_type", "read_jsonl"]
+__all__ = ["FiniteNonNegative", "NonEmptyText", "read_jsonl"]
 
 M = TypeVar("M", bound=BaseModel)
 # At most this many of a line's errors are reported (the message stays one line).
 MAX_ERRORS = 3
 
 
-def json_type(value: object) -> str:
+def _non_empty_text(value: object) -> str:
+    if isinstance(value, str) and value:
+        return value
+    raise ValueError("must be a non-empty string")
+
+
+def _finite_non_negative(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("must be a finite number >= 0")
+    return value
+
+
+# A JSON string of at least one character (its error: "must be a non-empty string").
+NonEmptyText = Annotated[str, PlainValidator(_non_empty_text)]
+# A JSON number (not a boolean, not a numeric string) that is finite and >= 0.
+FiniteNonNegative = Annotated[float, Strict(), AfterValidator(_finite_non_negative)]
+
+
+def _json_type(value: object) -> str:
     """The JSON name of a parsed value's type (``array`` for a list, ``null`` for None)."""
     return {
         bool: "boolean",
@@ -66,7 +85,7 @@ def read_jsonl(
         except json.JSONDecodeError as exc:
             raise error(f"{where}: not valid JSON: {exc.msg} (column {exc.colno})") from None
         if not isinstance(raw, dict):
-            raise error(f"{where}: expected a JSON object; got {json_type(raw)}")
+            raise error(f"{where}: expected a JSON object; got {_json_type(raw)}")
         try:
             rows.append((number, model.model_validate(raw)))
         except ValidationError as exc:

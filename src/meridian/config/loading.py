@@ -130,9 +130,12 @@ def format_validation_error(
     file's: ``unknown_hint`` says where the known fields are listed).
 
     The schema has no union fields (``capacity_bytes`` uses a plain validator), so ``loc`` holds
-    only section, field and table-key names and is the dotted path as it stands.
+    only section, field and table-key names and is the dotted path as it stands; a data file's
+    list positions read ``entropy[2]``.
     """
-    path = ".".join(str(p) for p in err["loc"])
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).removeprefix(
+        "."
+    )
     kind = err["type"]
     value = err["input"]
     msg = err["msg"].removeprefix(_VALUE_ERROR_PREFIX)

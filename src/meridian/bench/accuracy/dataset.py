@@ -3,23 +3,20 @@ against an item (the checkers are described in :mod:`meridian.bench.accuracy`)."
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     PlainValidator,
-    Strict,
     StrictStr,
     model_validator,
 )
 
-from meridian.bench.jsonl import read_jsonl
+from meridian.bench.jsonl import FiniteNonNegative, NonEmptyText, read_jsonl
 from meridian.errors import MeridianError
 
 __all__ = ["CHECKERS", "DatasetError", "Item", "grade", "load_dataset"]
@@ -47,12 +44,6 @@ class Item:
     choices: tuple[str, ...] = ()
 
 
-def _text(value: object) -> str:
-    if isinstance(value, str) and value:
-        return value
-    raise ValueError("must be a non-empty string")
-
-
 def _answer_text(value: object) -> str:
     """An answer as text: a non-empty string, or a JSON number written as Python does."""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -62,12 +53,6 @@ def _answer_text(value: object) -> str:
     raise ValueError("must be a non-empty string or a number")
 
 
-def _finite_non_negative(value: float) -> float:
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError("must be a finite number >= 0")
-    return value
-
-
 class ItemLine(BaseModel):
     """One line of the dataset as written (the module docstring of
     :mod:`meridian.bench.accuracy` describes the fields)."""
@@ -75,10 +60,10 @@ class ItemLine(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: Any = None  # any JSON value, as text; item-N (its position) when absent
-    prompt: Annotated[str, PlainValidator(_text)]
+    prompt: NonEmptyText
     answer: Annotated[str, PlainValidator(_answer_text)]
     checker: Checker = "exact"
-    tolerance: Annotated[float, Strict(), AfterValidator(_finite_non_negative)] = 0.0
+    tolerance: FiniteNonNegative = 0.0
     pattern: StrictStr | None = None
     choices: list[StrictStr] = []
 
