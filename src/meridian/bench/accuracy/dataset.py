@@ -8,13 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    PlainValidator,
-    StrictStr,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, PlainValidator, StrictStr, model_validator
 
 from meridian.bench.jsonl import FiniteNonNegative, NonEmptyText, read_jsonl
 from meridian.errors import MeridianError
