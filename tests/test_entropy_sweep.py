@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from meridian.bench import entropy_sweep
-from meridian.bench.accuracy import PolicySummary
+from meridian.bench.accuracy import ForcingSummary
 from meridian.bench.entropy_sweep import (
     FULL_GRID,
     HARD_CAPS,
@@ -97,9 +97,9 @@ def test_forces_by_reason_reads_a_scrape() -> None:
     assert forces_by_reason("") == {"converged": 0, "overthinking": 0, "hard_cap": 0}
 
 
-def _row(policy: str, correct: int, think: float) -> PolicySummary:
-    return PolicySummary(policy, 20, correct, 0, correct / 20, 0.1, 0.9, think, think, think,
-                         3.0, 1 - think / 160, 1.0)  # fmt: skip
+def _row(policy: str, correct: int, think: float) -> ForcingSummary:
+    return ForcingSummary(policy, 20, correct, 0, correct / 20, 0.1, 0.9, think, think, think,
+                          3.0, 1 - think / 160, 1.0)  # fmt: skip
 
 
 def test_settings_markdown_marks_the_front_and_the_forces() -> None:

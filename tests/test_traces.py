@@ -149,22 +149,23 @@ def test_error_not_an_object(tmp_path: Path) -> None:
 @pytest.mark.parametrize("field", ["arrival_s", "prompt_tokens", "think_tokens", "answer_tokens"])
 def test_error_missing_field(tmp_path: Path, field: str) -> None:
     message = error_for(tmp_path, record(), record(**{field: _DROP}))
-    assert message.endswith(f":2: missing required field '{field}'")
+    assert message.endswith(f":2: {field}: required field is missing")
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"prompt_tokens": "12"}, "field 'prompt_tokens' must be an integer; got '12' (string)"),
-        ({"think_tokens": 2.0}, "field 'think_tokens' must be an integer; got 2.0 (number)"),
-        ({"answer_tokens": True}, "field 'answer_tokens' must be an integer; got True (boolean)"),
-        ({"arrival_s": "now"}, "field 'arrival_s' must be a number of seconds; got 'now'"),
-        ({"arrival_s": None}, "field 'arrival_s' must be a number of seconds; got None (null)"),
-        ({"id": 7}, "field 'id' must be a non-empty string; got 7 (integer)"),
-        ({"entropy": "1,2,3"}, "field 'entropy' must be an array of numbers; got string"),
-        ({"entropy": [0.1, "x", 0.3]}, "entropy[1] must be a number; got 'x' (string)"),
-        ({"entropy": [0.1, 0.2, False]}, "entropy[2] must be a number; got False (boolean)"),
-        ({"settle_token": 1.5}, "field 'settle_token' must be an integer"),
+        ({"prompt_tokens": "12"}, "prompt_tokens: input should be a valid integer; got '12'"),
+        ({"think_tokens": 2.0}, "think_tokens: input should be a valid integer; got 2.0"),
+        ({"answer_tokens": True}, "answer_tokens: input should be a valid integer; got True"),
+        ({"arrival_s": "now"}, "arrival_s: input should be a valid number; got 'now'"),
+        ({"arrival_s": None}, "arrival_s: input should be a valid number; got None"),
+        ({"id": 7}, "id must be a non-empty string; got 7"),
+        ({"id": ""}, "id must be a non-empty string; got ''"),
+        ({"entropy": "1,2,3"}, "entropy: input should be a valid list; got '1,2,3'"),
+        ({"entropy": [0.1, "x", 0.3]}, "entropy[1]: input should be a valid number; got 'x'"),
+        ({"entropy": [0.1, 0.2, False]}, "entropy[2]: input should be a valid number; got False"),
+        ({"settle_token": 1.5}, "settle_token: input should be a valid integer; got 1.5"),
     ],
 )
 def test_error_wrong_type(tmp_path: Path, overrides: dict[str, Any], expected: str) -> None:
@@ -176,12 +177,18 @@ def test_error_wrong_type(tmp_path: Path, overrides: dict[str, Any], expected: s
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"arrival_s": -0.1}, "field 'arrival_s' must be a finite number >= 0; got -0.1"),
-        ({"prompt_tokens": -5}, "field 'prompt_tokens' must be >= 1; got -5"),
-        ({"prompt_tokens": 0}, "field 'prompt_tokens' must be >= 1; got 0"),
-        ({"think_tokens": -1, "entropy": _DROP}, "field 'think_tokens' must be >= 0; got -1"),
-        ({"answer_tokens": 0}, "field 'answer_tokens' must be >= 1; got 0"),
-        ({"settle_token": -2}, "field 'settle_token' must be >= 0; got -2"),
+        ({"arrival_s": -0.1}, "arrival_s must be a finite number >= 0; got -0.1"),
+        (
+            {"prompt_tokens": -5},
+            "prompt_tokens: input should be greater than or equal to 1; got -5",
+        ),
+        ({"prompt_tokens": 0}, "prompt_tokens: input should be greater than or equal to 1; got 0"),
+        (
+            {"think_tokens": -1, "entropy": _DROP},
+            "think_tokens: input should be greater than or equal to 0; got -1",
+        ),
+        ({"answer_tokens": 0}, "answer_tokens: input should be greater than or equal to 1; got 0"),
+        ({"settle_token": -2}, "settle_token: input should be greater than or equal to 0; got -2"),
         ({"entropy": [0.1, -0.2, 0.3]}, "entropy[1] must be a finite number >= 0; got -0.2"),
     ],
 )
@@ -190,7 +197,7 @@ def test_error_negative_numbers(tmp_path: Path, overrides: dict[str, Any], expec
 
 
 def test_error_non_finite_numbers(tmp_path: Path) -> None:
-    assert "arrival_s' must be a finite number >= 0; got inf" in error_for(
+    assert ":1: arrival_s must be a finite number >= 0; got inf" in error_for(
         tmp_path,
         '{"arrival_s": Infinity, "prompt_tokens": 1, "think_tokens": 0, "answer_tokens": 1}',
     )
@@ -203,11 +210,11 @@ def test_error_non_finite_numbers(tmp_path: Path) -> None:
 
 def test_error_entropy_length(tmp_path: Path) -> None:
     message = error_for(tmp_path, record(), record(), record(entropy=[0.1, 0.2]))
-    assert ":3: field 'entropy' has 2 values but think_tokens is 3" in message
+    assert ":3: entropy must hold one value per think token (3); got 2 values" in message
 
 
 def test_error_settle_token_out_of_range(tmp_path: Path) -> None:
-    assert "'settle_token' must be <= think_tokens (3); got 4" in error_for(
+    assert ":1: settle_token must be <= think_tokens (3); got 4" in error_for(
         tmp_path, record(settle_token=4)
     )
     assert "think_tokens is 0 (a chat request)" in error_for(
@@ -217,12 +224,12 @@ def test_error_settle_token_out_of_range(tmp_path: Path) -> None:
 
 def test_error_unknown_field(tmp_path: Path) -> None:
     message = error_for(tmp_path, record(setle_token=1))
-    assert ":1: unknown field 'setle_token' (allowed: arrival_s," in message
+    assert ":1: setle_token: unknown field (allowed: arrival_s," in message
 
 
 def test_error_duplicate_id(tmp_path: Path) -> None:
     message = error_for(tmp_path, record(id="a"), record(id="b"), record(id="a"))
-    assert ":3: field 'id': duplicate id 'a' (first on line 1)" in message
+    assert ":3: id: duplicate id 'a' (first on line 1)" in message
 
 
 def test_error_empty_file(tmp_path: Path) -> None:

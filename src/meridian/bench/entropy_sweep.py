@@ -34,11 +34,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from meridian.bench.abreal import CANDIDATE, AbRealSpec, serving
 from meridian.bench.accuracy import (
     AccuracyRun,
+    ForcingSummary,
     Item,
     Outcome,
-    PolicySummary,
     pareto_front,
-    parse_policies,
+    parse_forcing_policies,
     run_accuracy,
 )
 from meridian.config.loading import parse_config_text
@@ -241,7 +241,7 @@ def run_sweep(
                     if on_done is not None:
                         on_done(label, done)
 
-                (policy,) = parse_policies(name)
+                (policy,) = parse_forcing_policies(name)
                 outcomes, walls = run_accuracy(run, [policy], items, on_done=progress)
                 after = forces_by_reason(httpx.get(f"{url}/metrics", timeout=10).text)
                 result.outcomes += [replace(o, policy=label) for o in outcomes]
@@ -279,7 +279,7 @@ _REASONS = (ForceReason.CONVERGED, ForceReason.OVERTHINKING, ForceReason.HARD_CA
 
 def settings_markdown(
     settings: Sequence[SweepSetting],
-    rows: Sequence[PolicySummary],
+    rows: Sequence[ForcingSummary],
     forces: Mapping[str, Mapping[str, int]],
 ) -> str:
     """The sweep's table: per run, its setting's changes, accuracy, think tokens, forces."""

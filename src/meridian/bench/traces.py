@@ -22,20 +22,19 @@ float32.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt, model_validator
 
+from meridian.bench.jsonl import FiniteNonNegative, NonEmptyText, read_jsonl
 from meridian.errors import MeridianError
 from meridian.sim.request import RequestKind, RequestSpec
 
-__all__ = ["TraceError", "read_trace", "write_trace"]
+__all__ = ["TraceError", "TraceLine", "read_trace", "write_trace"]
 
-REQUIRED_FIELDS = ("arrival_s", "prompt_tokens", "think_tokens", "answer_tokens")
-OPTIONAL_FIELDS = ("id", "entropy", "settle_token")
 NS_PER_S = 1_000_000_000
 
 
@@ -87,6 +86,62 @@ def write_trace(path: str | Path, requests: Iterable[RequestSpec]) -> None:
         raise TraceError(f"{target}: cannot write trace file: {exc.strerror or exc}") from None
 
 
+class TraceLine(BaseModel):
+    """One line of a trace as written (the module docstring describes the fields)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arrival_s: FiniteNonNegative
+    prompt_tokens: Annotated[StrictInt, Field(ge=1)]
+    think_tokens: Annotated[StrictInt, Field(ge=0)]
+    answer_tokens: Annotated[StrictInt, Field(ge=1)]
+    id: NonEmptyText | None = None
+    # Strict: a boolean or a numeric string is not an entropy. Finiteness and sign are checked
+    # below over the whole array at once (a trace holds thousands of values per request).
+    entropy: list[Annotated[float, Strict()]] | None = None
+    settle_token: Annotated[StrictInt, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _fits_think_tokens(self) -> TraceLine:
+        think = self.think_tokens
+        if self.entropy is not None:
+            if len(self.entropy) != think:
+                raise ValueError(
+                    f"entropy must hold one value per think token ({think}); "
+                    f"got {len(self.entropy)} values"
+                )
+            array = np.asarray(self.entropy, dtype=np.float64)
+            bad = ~np.isfinite(array) | (array < 0)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"entropy[{i}] must be a finite number >= 0; got {array[i]}")
+        if self.settle_token is not None and think == 0:
+            raise ValueError(
+                "settle_token is given but think_tokens is 0 (a chat request); "
+                f"got {self.settle_token}"
+            )
+        if self.settle_token is not None and self.settle_token > think:
+            raise ValueError(
+                f"settle_token must be <= think_tokens ({think}); got {self.settle_token}"
+            )
+        return self
+
+    def spec(self, default_id: str) -> RequestSpec:
+        """The request, ``default_id`` its id where the line gives none."""
+        think = self.think_tokens
+        entropy = None if self.entropy is None else np.asarray(self.entropy, dtype=np.float32)
+        return RequestSpec(
+            request_id=self.id if self.id is not None else default_id,
+            arrival_ns=round(self.arrival_s * NS_PER_S),
+            num_prompt_tokens=self.prompt_tokens,
+            num_think_tokens=think,
+            num_answer_tokens=self.answer_tokens,
+            kind=RequestKind.REASONING if think > 0 else RequestKind.CHAT,
+            think_entropy=entropy,
+            settle_token=self.settle_token,
+        )
+
+
 def read_trace(path: str | Path) -> list[RequestSpec]:
     """Read a JSONL trace into request specs sorted by arrival (ties keep file order).
 
@@ -96,144 +151,16 @@ def read_trace(path: str | Path) -> list[RequestSpec]:
     ``think_tokens``, a ``settle_token`` outside ``[0, think_tokens]``, or a duplicate id.
     """
     source = Path(path)
-    try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise TraceError(f"{source}: cannot read trace file: {reason}") from None
     specs: list[RequestSpec] = []
     first_line_of: dict[str, int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        spec = _parse_line(line, f"{source}:{lineno}", default_id=f"r{len(specs):06d}")
+    for lineno, line in read_jsonl(source, TraceLine, TraceError, what="trace"):
+        spec = line.spec(default_id=f"r{len(specs):06d}")
         if spec.request_id in first_line_of:
             raise TraceError(
-                f"{source}:{lineno}: field 'id': duplicate id {spec.request_id!r} "
+                f"{source}:{lineno}: id: duplicate id {spec.request_id!r} "
                 f"(first on line {first_line_of[spec.request_id]})"
             )
         first_line_of[spec.request_id] = lineno
         specs.append(spec)
-    if not specs:
-        raise TraceError(f"{source}: trace file is empty (expected one JSON object per line)")
     specs.sort(key=lambda s: s.arrival_ns)
     return specs
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _type_name(value: object) -> str:
-    return {
-        bool: "boolean",
-        int: "integer",
-        float: "number",
-        str: "string",
-        list: "array",
-        dict: "object",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
-
-
-def _count(record: dict[str, Any], key: str, at: str, minimum: int) -> int:
-    value = record[key]
-    if not _is_int(value):
-        raise TraceError(
-            f"{at}: field {key!r} must be an integer; got {value!r} ({_type_name(value)})"
-        )
-    if value < minimum:
-        raise TraceError(f"{at}: field {key!r} must be >= {minimum}; got {value}")
-    return int(value)
-
-
-def _parse_line(line: str, at: str, *, default_id: str) -> RequestSpec:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise TraceError(f"{at}: not valid JSON: {exc.msg} (column {exc.colno})") from None
-    if not isinstance(record, dict):
-        raise TraceError(f"{at}: expected a JSON object; got {_type_name(record)}")
-    for key in REQUIRED_FIELDS:
-        if key not in record:
-            raise TraceError(f"{at}: missing required field {key!r}")
-    unknown = sorted(set(record) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
-    if unknown:
-        allowed = ", ".join(REQUIRED_FIELDS + OPTIONAL_FIELDS)
-        raise TraceError(f"{at}: unknown field {unknown[0]!r} (allowed: {allowed})")
-
-    arrival_s = record["arrival_s"]
-    if not _is_number(arrival_s):
-        raise TraceError(
-            f"{at}: field 'arrival_s' must be a number of seconds; got {arrival_s!r} "
-            f"({_type_name(arrival_s)})"
-        )
-    if not math.isfinite(arrival_s) or arrival_s < 0:
-        raise TraceError(f"{at}: field 'arrival_s' must be a finite number >= 0; got {arrival_s}")
-    prompt = _count(record, "prompt_tokens", at, 1)
-    think = _count(record, "think_tokens", at, 0)
-    answer = _count(record, "answer_tokens", at, 1)
-
-    request_id = record.get("id", default_id)
-    if not isinstance(request_id, str) or not request_id:
-        raise TraceError(
-            f"{at}: field 'id' must be a non-empty string; got {request_id!r} "
-            f"({_type_name(request_id)})"
-        )
-
-    entropy = None
-    if "entropy" in record:
-        entropy = _entropy(record["entropy"], think, at)
-    settle = None
-    if "settle_token" in record:
-        settle = _count(record, "settle_token", at, 0)
-        if think == 0:
-            raise TraceError(
-                f"{at}: field 'settle_token' is given but think_tokens is 0 (a chat request)"
-            )
-        if settle > think:
-            raise TraceError(
-                f"{at}: field 'settle_token' must be <= think_tokens ({think}); got {settle}"
-            )
-
-    return RequestSpec(
-        request_id=request_id,
-        arrival_ns=round(arrival_s * NS_PER_S),
-        num_prompt_tokens=prompt,
-        num_think_tokens=think,
-        num_answer_tokens=answer,
-        kind=RequestKind.REASONING if think > 0 else RequestKind.CHAT,
-        think_entropy=entropy,
-        settle_token=settle,
-    )
-
-
-def _entropy(values: object, think: int, at: str) -> np.ndarray[Any, np.dtype[np.float32]]:
-    if not isinstance(values, list):
-        raise TraceError(
-            f"{at}: field 'entropy' must be an array of numbers; got {_type_name(values)}"
-        )
-    if len(values) != think:
-        raise TraceError(
-            f"{at}: field 'entropy' has {len(values)} values but think_tokens is {think}; "
-            "give one entropy per think token"
-        )
-    # Check types first: numpy would also accept booleans and numeric strings. JSON numbers
-    # parse to exactly int or float, so one pass over the set of types decides.
-    if not set(map(type, values)) <= {int, float}:
-        i, v = next((i, v) for i, v in enumerate(values) if not _is_number(v))
-        raise TraceError(
-            f"{at}: field 'entropy': entropy[{i}] must be a number; got {v!r} ({_type_name(v)})"
-        )
-    array = np.asarray(values, dtype=np.float64)
-    bad = ~np.isfinite(array) | (array < 0)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise TraceError(
-            f"{at}: field 'entropy': entropy[{i}] must be a finite number >= 0; got {values[i]}"
-        )
-    return array.astype(np.float32)

@@ -76,7 +76,7 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
         cells,
         load_dataset,
         pareto_front,
-        parse_policies,
+        parse_forcing_policies,
         run_accuracy,
         summarize,
         write_accuracy_report,
@@ -96,7 +96,7 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
     if not args.probe_suffix:
         raise MeridianError("--probe-suffix must not be empty")
     entropy = load_config(args.config).config.entropy
-    policies = parse_policies(args.policies, entropy.eat_probe_interval_tokens)
+    policies = parse_forcing_policies(args.policies, entropy.eat_probe_interval_tokens)
     items = load_dataset(args.dataset)
     run = AccuracyRun(
         url=args.url,

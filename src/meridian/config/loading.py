@@ -123,20 +123,26 @@ REMOVED_FIELDS: dict[str, str] = {
 }
 
 
-def format_validation_error(err: ErrorDetails) -> str:
-    """One pydantic error as ``dotted.path must be ...; got VALUE``.
+def format_validation_error(
+    err: ErrorDetails, *, unknown_hint: str = "check the spelling against meridian.toml.example"
+) -> str:
+    """One pydantic error as ``dotted.path must be ...; got VALUE`` (the config's, and every data
+    file's: ``unknown_hint`` says where the known fields are listed).
 
     The schema has no union fields (``capacity_bytes`` uses a plain validator), so ``loc`` holds
-    only section, field and table-key names and is the dotted path as it stands.
+    only section, field and table-key names and is the dotted path as it stands; a data file's
+    list positions read ``entropy[2]``.
     """
-    path = ".".join(str(p) for p in err["loc"])
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).removeprefix(
+        "."
+    )
     kind = err["type"]
     value = err["input"]
     msg = err["msg"].removeprefix(_VALUE_ERROR_PREFIX)
     if kind == "extra_forbidden":
         if path in REMOVED_FIELDS:
             return f"{path} was removed; delete it from the file: {REMOVED_FIELDS[path]}"
-        return f"{path}: unknown field (check the spelling against meridian.toml.example)"
+        return f"{path}: unknown field ({unknown_hint})"
     if kind == "missing":
         return f"{path}: required field is missing"
     if kind == "value_error" and "; got " in msg:
