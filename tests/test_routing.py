@@ -41,12 +41,16 @@ def projection(load: list[float], budget: float, reasoning: list[float], chat: l
         budget=budget,
         survival_reasoning=np.asarray(reasoning, dtype=float),
         survival_chat=np.asarray(chat, dtype=float),
-        block_size=BS,
     )
 
 
 def stats(
-    proj: Projection | None, *, time_s: float = 0.0, running: int = 5, waiting: int = 0
+    proj: Projection | None,
+    *,
+    time_s: float = 0.0,
+    running: int = 5,
+    waiting: int = 0,
+    used: int = 100,
 ) -> ReplicaStats:
     return ReplicaStats(
         time_s=time_s,
@@ -55,7 +59,8 @@ def stats(
         num_answering=running // 2,
         num_thinking=running - running // 2,
         num_kv_blocks=1000,
-        num_kv_blocks_used=100,
+        num_kv_blocks_used=used,
+        block_size=BS,
         step_time_s=0.02,
         projection=proj,
     )
@@ -210,12 +215,18 @@ def test_stale_missing_or_unprojected_stats_never_hold() -> None:
     policy.observe("a", stats(None))
     assert policy.rank(["a"], request, now=1.0) == ["a"]
     assert policy.headroom("a", request, now=1.0) is None
-    # Without stats, and among replicas without projections, the shortest queue first.
-    policy.observe("b", stats(None, running=1))
+    # Replicas without projections by the KV they use (a queue counts as a full cache), then
+    # those without stats by this router's requests on them.
+    policy.observe("b", stats(None, used=50))
+    policy.observe("e", stats(None, used=10, waiting=1))
     policy.observe("c", None)
+    policy.observe("f", None)
     policy.routed("c", "x", request, now=0.0)
     policy.routed("c", "y", request, now=0.0)
-    assert policy.rank(["a", "b", "c"], request, now=1.0) == ["b", "c", "a"]
+    assert policy.rank(["a", "b", "c", "e", "f"], request, now=1.0) == ["b", "a", "e", "f", "c"]
+    # A request sent again elsewhere moves there.
+    policy.routed("f", "x", request, now=0.0)
+    assert (policy.placed_on("x"), policy.num_in_flight("c")) == ("f", 1)
     # An idle replica always fits.
     policy.observe("d", stats(full, running=0))
     assert policy.rank(["d"], request, now=1.0) == ["d"]

@@ -63,6 +63,7 @@ class ReplicaStatsRecorder:
             num_thinking=len(running) - answering,
             num_kv_blocks=num_kv_blocks,
             num_kv_blocks_used=num_kv_blocks_used,
+            block_size=policy.block_size,
             step_time_s=self.step_time_s,
             projection=_projection(policy, [*running, *waiting], num_kv_blocks),
         )
@@ -92,7 +93,6 @@ def _projection(
         budget=num_kv_blocks * (1.0 - policy.admission_reserve),
         survival_reasoning=survival[0],
         survival_chat=survival[1],
-        block_size=block_size,
     )
 
 

@@ -63,6 +63,7 @@ from meridian.telemetry import catalogue as cat
 from meridian.telemetry.catalogue import MetricSpec
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import Tracer, make_tracer
+from meridian.vllm.replica_state import ReplicaStateWriter
 from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
 from meridian.vllm.steplog import ENV_STEP_LOG, StepLog
 
@@ -357,6 +358,8 @@ class MeridianScheduler(Scheduler):
         # $MERIDIAN_STEP_LOG: every step's shape and duration, for the simulator's calibration.
         step_log = os.environ.get(ENV_STEP_LOG)
         self.meridian_step_log = StepLog(step_log) if step_log else None
+        # $MERIDIAN_REPLICA_STATE: routing stats for a Ray Serve replica, with each publish.
+        self.meridian_replica_state = ReplicaStateWriter.from_env()
         logger.info(
             "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
             self.meridian.model_name,
@@ -667,6 +670,8 @@ class MeridianScheduler(Scheduler):
                     self._drafts = [0, 0, 0, 0]
                 self._telemetry.publish()
                 self._publish_gauges()
+                if self.meridian_replica_state is not None:
+                    self.meridian_replica_state.write(self)
             samples.clear()
 
     def _publish_kv(self) -> None:
