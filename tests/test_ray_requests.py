@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meridian.config.boundaries import BUNDLED_MODELS, BoundaryIds
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
 from meridian.core.types import Phase
 from meridian.ray.requests import CHARS_PER_TOKEN, describe_request, prompt_phase
 from meridian.vllm.runtime import GENERIC_THINK_TAGS
@@ -34,7 +34,7 @@ def test_the_kind_of_a_prompt_is_the_phase_routers_on_its_tokens(
 ) -> None:
     definition = GENERIC_THINK_TAGS if family == "generic" else BUNDLED_MODELS[family]
     ids = BoundaryIds(think_start=(1,), think_end=(2,), newline_ids=frozenset({3}))
-    model = ReasoningModel.from_boundaries(definition, ids)
+    model = ReasoningFormat.from_boundaries(definition, ids)
     text = "".join(parts)
     assert prompt_phase(text, definition) is model.initial_phase(tokenize(text))
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from meridian.config import SchedulerConfig
 from meridian.core import replica_stats as replica_stats_module
+from meridian.core.format import ReasoningFormat
 from meridian.core.headroom import MIN_SAMPLES
 from meridian.core.policy import MeridianPolicy
 from meridian.core.replica_stats import ReplicaStatsRecorder
-from meridian.core.router import ReasoningModel
 from meridian.core.routing import (
     NewRequest,
     Projection,
@@ -256,7 +256,7 @@ def test_stats_cross_the_wire_and_bad_ones_are_named() -> None:
 # -- the stats a replica reports -------------------------------------------------------------
 
 START, END = 3, 4
-MODEL = ReasoningModel(think_start=(START,), think_end=(END,))
+MODEL = ReasoningFormat(think_start=(START,), think_end=(END,))
 THINK_PROMPT = [10] * 30 + [START]
 CHAT_PROMPT = [10] * 30 + [START, END]
 
@@ -267,7 +267,7 @@ def taught_policy() -> MeridianPolicy:
     for i in range(2 * MIN_SAMPLES):
         think = int(rng.integers(50, 600))
         policy.track(f"r{i}", THINK_PROMPT)
-        policy.observe_many([(f"r{i}", [9] * think + [END])], 1)
+        policy.observe([f"r{i}"], [[9] * think + [END]], 1)
         policy.untrack(f"r{i}", think + 1 + int(rng.integers(10, 100)))
         policy.track(f"c{i}", CHAT_PROMPT)
         policy.untrack(f"c{i}", int(rng.integers(10, 200)))
@@ -279,9 +279,9 @@ def test_reported_stats_hold_a_request_exactly_where_the_replica_admission_would
 ) -> None:
     # A small cache (so that a few requests fill it) where headroom admission projects.
     monkeypatch.setattr(replica_stats_module, "MIN_REQUESTS_IN_CACHE", 1)
-    from meridian.core import policy as policy_module
+    from meridian.core import admission as admission_module
 
-    monkeypatch.setattr(policy_module, "MIN_REQUESTS_IN_CACHE", 1)
+    monkeypatch.setattr(admission_module, "MIN_REQUESTS_IN_CACHE", 1)
     policy = taught_policy()
     running: list[FakeRequest] = []
     for i in range(12):
@@ -289,7 +289,7 @@ def test_reported_stats_hold_a_request_exactly_where_the_replica_admission_would
         policy.track(r.request_id, r.prompt)
         for step in range(3 * i):
             r.output.append(9)
-            policy.observe_many([(r.request_id, [9])], step + 2)
+            policy.observe([r.request_id], [[9]], step + 2)
         running.append(r)
     recorder = ReplicaStatsRecorder()
     seen: set[tuple[Phase, bool]] = set()

@@ -94,15 +94,13 @@ def run_serve_cluster(args: argparse.Namespace) -> int:
         raise MeridianError("--engine-kwargs must be a JSON object")
     routing = RoutingConfig(args.stats_max_age_s, args.max_hold_s)
     try:
-        import ray
-        from ray import serve
+        from meridian.ray.app import cluster_app, start_serve
     except ImportError:
         raise MeridianError(
             "serve-cluster needs Ray Serve in this environment: run `make vllm-venv` (it "
             "installs ray[serve] as requirements-vllm.lock pins it), then use .venv-vllm/bin/"
             "meridian serve-cluster"
         ) from None
-    from meridian.ray.app import cluster_app
 
     cluster_dir = args.cluster_dir or Path(tempfile.mkdtemp(prefix="meridian-cluster-"))
     app = cluster_app(
@@ -118,11 +116,7 @@ def run_serve_cluster(args: argparse.Namespace) -> int:
         routing=routing,
         model_id=args.model_id,
     )
-    if args.address:
-        ray.init(address=args.address)
-    else:
-        ray.init(num_cpus=args.num_cpus, include_dashboard=False)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    serve = start_serve(args.host, args.port, address=args.address, num_cpus=args.num_cpus)
     print(f"meridian serve-cluster: starting {args.replicas} replicas (files in {cluster_dir})")
     serve.run(app, blocking=False)
     print(f"meridian serve-cluster: OpenAI API at http://{args.host}:{args.port}/v1", flush=True)

@@ -73,9 +73,10 @@ def _projection(
     policy: MeridianPolicy, requests: Sequence[EngineRequest], num_kv_blocks: int
 ) -> Projection | None:
     """The replica's headroom projection, where its admission would use one."""
-    lengths, block_size = policy.lengths, policy.block_size
+    admission, block_size = policy.admission, policy.block_size
+    lengths = admission.lengths
     if (
-        policy.admission != "headroom"
+        admission.mode != "headroom"
         or not lengths.ready
         or num_kv_blocks * block_size < MIN_REQUESTS_IN_CACHE * lengths.mean_request_tokens
     ):
@@ -85,40 +86,11 @@ def _projection(
     fresh = lengths.expected_blocks([Kind.THINKING, Kind.CHAT], [0, 0], [0, 0], block_size)
     grid = lengths.grid.copy()
     survival = fresh / (grid / block_size + 0.5)
-    kinds, progress, tokens = _progress(policy, requests)
-    load = lengths.expected_blocks(kinds, progress, tokens, block_size).sum(axis=0)
+    load = lengths.expected_blocks(*admission.progress(requests), block_size).sum(axis=0)
     return Projection(
         grid=grid,
         load=np.asarray(load, dtype=np.float64),
-        budget=num_kv_blocks * (1.0 - policy.admission_reserve),
+        budget=num_kv_blocks * (1.0 - admission.reserve),
         survival_reasoning=survival[0],
         survival_chat=survival[1],
     )
-
-
-def _progress(
-    policy: MeridianPolicy, requests: Sequence[EngineRequest]
-) -> tuple[list[int], list[int], list[int]]:
-    """Each request's :class:`~meridian.core.headroom.Kind`, progress and tokens, read from the
-    policy's public state the way its admission reads them."""
-    kinds: list[int] = []
-    progress: list[int] = []
-    tokens: list[int] = []
-    for request in requests:
-        num_tokens = request.num_tokens
-        tokens.append(num_tokens)
-        try:
-            state = policy.state(request.request_id)
-        except KeyError:
-            kinds.append(Kind.THINKING)
-            progress.append(0)
-            continue
-        st = state.phase_state
-        if st.phase is not Phase.OUTPUT:
-            kinds.append(Kind.THINKING)
-            progress.append(st.num_think_tokens)
-        else:
-            reasoned = st.num_think_tokens > 0 or st.num_marker_tokens > 0
-            kinds.append(Kind.ANSWERING if reasoned else Kind.CHAT)
-            progress.append(num_tokens - state.num_prompt_tokens - st.num_think_tokens)
-    return kinds, progress, tokens

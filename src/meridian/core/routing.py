@@ -1,6 +1,6 @@
 """Routing across replicas: which replica a new request should go to, or whether it should wait.
 
-One policy, two drivers (ADR-0015): :class:`RoutingPolicy` is what Meridian's Ray Serve request
+One policy, two drivers (ADR-0016): :class:`RoutingPolicy` is what Meridian's Ray Serve request
 router (:mod:`meridian.ray.router`) runs and what the cluster simulator
 (:mod:`meridian.sim.cluster`) measures. It sees what a router sees: each replica's
 :class:`ReplicaStats` as the replica last reported them (polled, so late), and its own
@@ -35,7 +35,7 @@ router's requests in flight on it, and never holds a request either. Holding on 
 that cannot be trusted could hold forever.
 
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
-(:meth:`~meridian.core.router.ReasoningModel.initial_phase`): ``Phase.OUTPUT`` is a chat request,
+(:meth:`~meridian.core.format.ReasoningFormat.initial_phase`): ``Phase.OUTPUT`` is a chat request,
 ``THINK`` and ``PREFILL`` (the model may open a think block itself) are reasoning.
 """
 

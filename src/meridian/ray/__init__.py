@@ -1,5 +1,5 @@
 """Meridian on Ray Serve LLM: several vLLM replicas with Meridian inside, Meridian's router in
-front (issue 32, ADR-0015).
+front (issue 32, ADR-0016).
 
 - :mod:`meridian.ray.router`: ``MeridianRouter``, a Ray Serve ``RequestRouter`` over the one
   routing policy (:class:`~meridian.core.routing.RoutingPolicy`);

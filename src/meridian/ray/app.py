@@ -10,11 +10,11 @@ The same from Python (a recipe; ``serve.run`` it on a Ray cluster)::
 It is Ray Serve LLM's own ``build_openai_app`` over an ``LLMConfig`` whose ``server_cls`` is
 :class:`~meridian.ray.server.MeridianLLMServer` and whose deployment routes with
 :class:`~meridian.ray.router.MeridianRouter`, polling replicas every ``stats_period_s``
-(Serve's default is 10 s; ADR-0015 uses 1 s). The engine arguments get what ``meridian serve``
+(Serve's default is 10 s; ADR-0016 uses 1 s). The engine arguments get what ``meridian serve``
 adds (:mod:`meridian.vllm.serve`): the scheduler class and logits processor of vLLM's own
 resolution of them (asynchronous scheduling or not, V1 or V2 runner) and the family's
 reasoning parser; the family and config file reach the engines through ``runtime_env``. One
-ingress replica: one router sees every request (ADR-0015 says what several would miss).
+ingress replica: one router sees every request (ADR-0016 says what several would miss).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from meridian.vllm.resolve import resolve_engine
 from meridian.vllm.runtime import ENV_CONFIG, ENV_MODEL, GENERIC_NAME
 from meridian.vllm.serve import resolve_family
 
-__all__ = ["DEFAULT_STATS_PERIOD_S", "cluster_app", "engine_flags"]
+__all__ = ["DEFAULT_STATS_PERIOD_S", "cluster_app", "engine_flags", "start_serve"]
 
 #: Ray Serve's poll of each replica's routing stats (its default is 10 s).
 DEFAULT_STATS_PERIOD_S = 1.0
@@ -136,3 +136,19 @@ def cluster_app(
     return build_openai_app(
         {"llm_configs": [llm_config], "ingress_deployment_config": {"num_replicas": 1}}
     )
+
+
+def start_serve(
+    host: str, port: int, *, address: str | None = None, num_cpus: int | None = None
+) -> Any:
+    """Ray (a local instance, or the cluster at ``address``) and Serve's HTTP proxy on
+    ``host``:``port``; returns ``ray.serve`` (to ``run`` the application and ``shutdown``)."""
+    import ray
+    from ray import serve
+
+    if address:
+        ray.init(address=address)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False)
+    serve.start(http_options={"host": host, "port": port})
+    return serve

@@ -4,10 +4,12 @@ Ray Serve hands the router the request as the ingress received it: a chat or com
 not tokens. The router needs its kind and size (:class:`~meridian.core.routing.NewRequest`):
 
 - **The kind**, from the prompt's tail, by the rules the replica's phase router applies to the
-  tokens (:meth:`~meridian.core.router.ReasoningModel.initial_phase`, built by the replica from
-  the family's boundaries as :mod:`meridian.vllm.runtime` builds it), applied to the text: a
-  prompt ending with ``think_start`` thinks, one ending with ``think_end`` answers, otherwise
-  it thinks when the family's template opens the think block in the prompt
+  tokens (:meth:`~meridian.core.format.ReasoningFormat.initial_phase`, built by the replica
+  from the family's boundaries as :mod:`meridian.vllm.runtime` builds it), applied to the text:
+  a prompt with ``/no_think`` (families that support it) answers; one ending with
+  ``think_start`` thinks, one ending with ``think_end`` answers; one whose last
+  ``think_start`` is not closed thinks (the reasoning started in the prompt); otherwise it
+  thinks when the family's template opens the think block in the prompt
   (``think_starts_in_prompt``), else it is undecided (``PREFILL``: the model may open a block;
   counted as reasoning). A chat request's prompt is the template's rendering: its generation
   prompt opens the block for such families, and ``chat_template_kwargs`` with
@@ -30,6 +32,8 @@ from meridian.core.types import Phase
 
 __all__ = ["CHARS_PER_TOKEN", "describe_request", "prompt_phase"]
 
+# The directive that skips the think phase, for families that support it.
+NO_THINK = "/no_think"
 # A typical English BPE ratio (OpenAI's rule of thumb is about 4 characters a token).
 CHARS_PER_TOKEN = 4
 # chat_template_kwargs keys whose false value closes the think block in the prompt.
@@ -44,11 +48,17 @@ def prompt_phase(text: str, definition: ModelDefinition) -> Phase:
     >>> prompt_phase("Hi<｜Assistant｜><think>\\n", r1), prompt_phase("Hi</think>\\n\\n", r1)
     (<Phase.THINK: 1>, <Phase.OUTPUT: 2>)
     """
-    tail = text.rstrip("\n")  # the token rule passes over newline tokens after a marker
-    if tail.endswith(definition.think_start):
-        return Phase.THINK
-    if tail.endswith(definition.think_end):
+    start, end = definition.think_start, definition.think_end
+    if definition.supports_think_disable and NO_THINK in text:
         return Phase.OUTPUT
+    tail = text.rstrip("\n")  # the token rule passes over newline tokens after a marker
+    if tail.endswith(start):
+        return Phase.THINK
+    if tail.endswith(end):
+        return Phase.OUTPUT
+    opened = text.rfind(start)
+    if opened >= 0 and end not in text[opened:]:
+        return Phase.THINK  # the reasoning started in the prompt
     return Phase.THINK if definition.think_starts_in_prompt else Phase.PREFILL
 
 

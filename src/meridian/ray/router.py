@@ -1,5 +1,5 @@
 # mypy: disable-error-code="import-not-found,import-untyped,no-any-unimported,misc"
-"""``MeridianRouter``: Ray Serve's ``RequestRouter`` over Meridian's routing policy (ADR-0015).
+"""``MeridianRouter``: Ray Serve's ``RequestRouter`` over Meridian's routing policy (ADR-0016).
 
 Select it in the LLM deployment's config (:func:`meridian.ray.app.cluster_app` does)::
 

@@ -39,7 +39,7 @@ from meridian.core.types import Phase
 from meridian.sim.engine import Engine, SimulationError
 from meridian.sim.records import RunCounters, SimResult, TimeSample
 from meridian.sim.routers import ClusterRouter
-from meridian.sim.streams import SIM_MODEL, Stream
+from meridian.sim.streams import SIM_FORMAT, Stream
 
 __all__ = ["Cluster", "ClusterRun", "ModelReplica", "Replica", "VllmReplica"]
 
@@ -191,7 +191,7 @@ class ClusterRun:
 def new_request(stream: Stream) -> NewRequest:
     """What a router knows of a simulated request: its initial phase, by the rule the replica
     applies to its prompt's tail, its prompt length and its own bound."""
-    phase = SIM_MODEL.initial_phase(stream.prompt_tail())
+    phase = SIM_FORMAT.initial_phase(stream.prompt_tail())
     return NewRequest(phase, stream.spec.num_prompt_tokens, stream.max_tokens)
 
 
