@@ -14,6 +14,7 @@ another process.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -22,6 +23,7 @@ from typing import Any
 
 from meridian.core.replica_stats import ReplicaStatsRecorder
 from meridian.core.routing import ReplicaStats, StatsError
+from meridian.vllm.publishing import Publisher
 
 __all__ = ["ENV_REPLICA_STATE", "ReplicaStateWriter", "read_replica_state"]
 
@@ -41,6 +43,15 @@ class ReplicaStateWriter:
         """The writer ``$MERIDIAN_REPLICA_STATE`` asks for (``None``: not asked)."""
         raw = os.environ.get(ENV_REPLICA_STATE, "").strip()
         return cls(Path(raw)) if raw else None
+
+    @classmethod
+    def attach(cls, scheduler: Any, publisher: Publisher) -> ReplicaStateWriter | None:
+        """The writer ``$MERIDIAN_REPLICA_STATE`` asks for, writing ``scheduler``'s stats after
+        each of ``publisher``'s publishes (``None``: not asked, nothing attached)."""
+        writer = cls.from_env()
+        if writer is not None:
+            publisher.on_publish = functools.partial(writer.write, scheduler)
+        return writer
 
     def write(self, scheduler: Any) -> None:
         """The stats of ``scheduler`` (a :class:`~meridian.vllm.scheduler.MeridianScheduler`)

@@ -39,7 +39,6 @@ model, and virtual time).
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import os
@@ -201,9 +200,7 @@ class MeridianScheduler(Scheduler):
         step_log = os.environ.get(ENV_STEP_LOG)
         self.meridian_step_log = StepLog(step_log) if step_log else None
         # $MERIDIAN_REPLICA_STATE: routing stats for a Ray Serve replica, with each publish.
-        self.meridian_replica_state = ReplicaStateWriter.from_env()
-        if self.meridian_replica_state is not None:
-            self._publisher.on_publish = functools.partial(self.meridian_replica_state.write, self)
+        self.meridian_replica_state = ReplicaStateWriter.attach(self, self._publisher)
         logger.info(
             "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
             self.meridian.model_name,
