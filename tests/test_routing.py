@@ -332,3 +332,16 @@ def test_no_projection_before_the_length_model_or_without_headroom_admission() -
         vllm_admission, [], [], num_kv_blocks=10, num_kv_blocks_used=0, num_steps=0, now=0.0
     )
     assert unprojected.projection is None
+
+
+def test_without_projections_requests_sent_between_polls_do_not_herd_onto_one_replica() -> None:
+    # Two replicas without a projection, a reported 500 and 510 blocks in use by 10 requests
+    # each. A request sent to a since counts at a's mean KV per request (50 blocks), not at its
+    # prompt (1 block): the next one goes to b, as the queue-blind poll alone would not say.
+    policy = RoutingPolicy()
+    policy.observe("a", stats(None, time_s=0.0, running=10, used=500))
+    policy.observe("b", stats(None, time_s=0.0, running=10, used=510))
+    request = NewRequest(Phase.THINK, BS, None)
+    assert policy.rank(["a", "b"], request, 0.5)[0] == "a"
+    policy.routed("a", "first", request, 0.5)
+    assert policy.rank(["a", "b"], request, 0.6)[0] == "b"

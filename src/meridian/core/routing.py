@@ -394,9 +394,13 @@ class RoutingPolicy:
         unseen = [p.request for p in replica.in_flight.values() if p.routed_at >= stats.time_s]
         projection = stats.projection
         if projection is None:
-            # No projection to hold on: the KV in use now, and a queue counts as a full cache.
+            # No projection to hold on: the KV in use now, each request sent since counted at
+            # the replica's mean KV per running request (its prompt alone would let every
+            # request between two polls herd onto the same replica), and a queue counts as a
+            # full cache.
             cache = max(stats.num_kv_blocks, 1)
-            sent = sum(u.num_prompt_tokens for u in unseen) / stats.block_size
+            mean = stats.num_kv_blocks_used / max(stats.num_running, 1)
+            sent = sum(max(u.num_prompt_tokens / stats.block_size, mean) for u in unseen)
             used = stats.num_kv_blocks_used + sent
             return _FITS, min(used / cache, 1.0) + (stats.num_waiting > 0), None
         elapsed = max(0.0, now - stats.time_s)
