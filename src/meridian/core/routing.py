@@ -28,8 +28,9 @@ replica's queue, bound to it, while another replica may free room first. So:
 
 Stale statistics. Stats without a projection (a replica whose length model has not seen enough
 finished requests, or whose admission does not use it) never hold a request: such a replica is
-ranked with those that fit, by the fraction of its cache in use (plus the prompts this router
-sent it since; a replica with a queue counts as full). Missing stats, and stats older than
+ranked with those that fit, by the fraction of its cache in use (plus each request this router
+sent it since, at the replica's mean KV per running request; a replica with a queue counts as
+full). Missing stats, and stats older than
 :attr:`RoutingConfig.stats_max_age_s`, say nothing: such a replica ranks after those, by this
 router's requests in flight on it, and never holds a request either. Holding on information
 that cannot be trusted could hold forever.
