@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from meridian.cli import main
 from meridian.config.boundaries import BUNDLED_MODELS, BoundaryIds
 from meridian.core.format import ReasoningFormat
 from meridian.core.types import Phase
@@ -57,3 +59,20 @@ def test_chat_and_completion_bodies() -> None:
     assert describe_request(answer, GENERIC_THINK_TAGS).phase is Phase.OUTPUT
     ids = describe_request({"prompt": [5, 6, 7]}, GENERIC_THINK_TAGS)
     assert (ids.phase, ids.num_prompt_tokens, ids.max_tokens) == (Phase.PREFILL, 3, None)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--host", " "], "--host is empty"),
+        (["--replicas", "0"], "--replicas must be >= 1"),
+        (["--engine-kwargs", "{not json"], "--engine-kwargs is not JSON"),
+        (["--engine-kwargs", "[1]"], "--engine-kwargs must be a JSON object"),
+    ],
+)
+def test_serve_cluster_refuses_bad_arguments_in_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve-cluster", "some/model", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
