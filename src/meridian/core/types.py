@@ -38,7 +38,7 @@ class Tier(enum.IntEnum):
     of preemption is :class:`~meridian.core.victims.VictimClass`'s, not this.
 
     The integer values order the tiers (they were the wire codes of the deleted MRDN v1 library,
-    ADR-0015).
+    ADR-0016).
     """
 
     THINK_COMPLETE = 0

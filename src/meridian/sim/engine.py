@@ -172,27 +172,49 @@ class Engine:
         self._seq = itertools.count()
         # The rows of the step in flight, with their token counts.
         self._scheduled: list[tuple[SimRequest, int]] = []
+        self._requests: list[SimRequest] = []
+        self._busy = False
+        #: Called with each request that generated its last token (the cluster's router).
+        self.on_finish: Callable[[SimRequest], None] | None = None
 
     # -- the run ------------------------------------------------------------------------------
 
     def run(self, streams: Sequence[Stream]) -> SimResult:
         """Serve every stream to completion."""
-        self.policy.setup(self)
-        heap = self._heap
-        capacity = self.pool.num_usable_blocks * self.config.block_size_tokens
-        requests: list[SimRequest] = []
+        self.start()
         for stream in streams:
-            need = stream.spec.num_prompt_tokens + stream.num_output_tokens
-            if need > capacity:
-                raise SimulationError(
-                    f"request {stream.request_id} needs {need} tokens of KV but the whole cache "
-                    f"holds {capacity}; use a larger cache or shorter requests"
-                )
-            req = SimRequest.from_stream(stream)
-            requests.append(req)
-            heapq.heappush(heap, (stream.spec.arrival_ns, _ARRIVAL, next(self._seq), req))
-        busy = False
-        while heap:
+            self.add(stream, stream.spec.arrival_ns)
+        while (time_ns := self.next_event_ns()) is not None:
+            self.advance(time_ns)
+        return self.finish()
+
+    # -- the run, event by event (the cluster simulator drives several engines this way) ------
+
+    def start(self) -> None:
+        """Before the first :meth:`add`."""
+        self.policy.setup(self)
+
+    def add(self, stream: Stream, at_ns: int) -> None:
+        """``stream`` arrives at ``at_ns`` (not before the engine's last event)."""
+        need = stream.spec.num_prompt_tokens + stream.num_output_tokens
+        capacity = self.pool.num_usable_blocks * self.config.block_size_tokens
+        if need > capacity:
+            raise SimulationError(
+                f"request {stream.request_id} needs {need} tokens of KV but the whole cache "
+                f"holds {capacity}; use a larger cache or shorter requests"
+            )
+        req = SimRequest.from_stream(stream)
+        self._requests.append(req)
+        heapq.heappush(self._heap, (at_ns, _ARRIVAL, next(self._seq), req))
+
+    def next_event_ns(self) -> int | None:
+        """When the engine next has something to do (``None``: nothing until an arrival)."""
+        return self._heap[0][0] if self._heap else None
+
+    def advance(self, until_ns: int) -> None:
+        """Handle every event up to ``until_ns``: arrivals, step ends, and the steps they start."""
+        heap = self._heap
+        while heap and heap[0][0] <= until_ns:
             time_ns, kind, _, payload = heapq.heappop(heap)
             self.now_ns = time_ns
             if kind == _ARRIVAL:
@@ -201,16 +223,19 @@ class Engine:
                 self.policy.on_arrival(payload)
             else:
                 self._finish_step()
-                busy = False
-            if not busy and (self.running or self._num_waiting()):
+                self._busy = False
+            if not self._busy and (self.running or self._num_waiting()):
                 # Arrivals at this same instant are queued before the step starts.
                 if heap and heap[0][0] == time_ns and heap[0][1] == _ARRIVAL:
                     continue
                 duration = self._start_step()
                 heapq.heappush(heap, (time_ns + duration, _STEP_END, next(self._seq), None))
-                busy = True
-            elif not busy:
+                self._busy = True
+            elif not self._busy:
                 self.policy.on_idle()
+
+    def finish(self) -> SimResult:
+        """The result, once every request has finished."""
         self.pool.check_integrity()
         if self.running or self._num_waiting():
             raise SimulationError("run ended with requests still queued; this is a bug")
@@ -218,12 +243,16 @@ class Engine:
             policy=self.policy.name,
             engine=ENGINE_NAME,
             num_kv_blocks=self.config.num_kv_blocks,
-            records=[r.record for r in requests],
+            records=[r.record for r in self._requests],
             samples=self.samples,
             counters=self.counters,
             now_ns=self.now_ns,
             delivery_pace_ns=self.policy.delivery_pace_ns,
         )
+
+    def queued(self) -> list[SimRequest]:
+        """The waiting requests, in the order they would be admitted."""
+        return self._waiting_head(self._num_waiting())
 
     # -- queues -------------------------------------------------------------------------------
 
@@ -427,6 +456,8 @@ class Engine:
         self.running.remove(req)
         self.policy.on_finish(req)
         self._num_finished += 1
+        if self.on_finish is not None:
+            self.on_finish(req)
 
     def _sample(self) -> None:
         pool, block_size = self.pool, self.config.block_size_tokens

@@ -218,9 +218,37 @@ class VllmEngine:
     _num_finished: int = 0
     _num_steps: int = 0
     _link: HostLink | None = None
+    #: Called with each request id as its last token is delivered (the cluster's router).
+    on_finish: Callable[[str], None] | None = None
+    scheduler: Any = None
+    # The loop's state (_next): arrivals in time order, the next to admit, the steps in flight
+    # (a pop pending once the newest was scheduled), the device's next free time.
+    _records: dict[str, RequestRecord] = field(default_factory=dict)
+    _arrivals: list[Stream] = field(default_factory=list)
+    _times: list[int] = field(default_factory=list)
+    _next_arrival: int = 0
+    _queue: deque[_Step] = field(default_factory=deque)
+    _pending_pop: bool = False
+    _device_free_ns: int = 0
+    _num_empty: int = 0
+    _depth: int = 1
+    _fail_open: Any = None
+    _hasher: Any = None
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def run(self, streams: Sequence[Stream]) -> SimResult:
         """Serve every stream to completion."""
+        self.start()
+        for stream in sorted(streams, key=lambda s: (s.spec.arrival_ns, s.request_id)):
+            self.add(stream, stream.spec.arrival_ns)
+        while self.next_event_ns() is not None:
+            self._next()
+        return self.finish([s.request_id for s in streams])
+
+    # -- the engine core's loop, event by event (the cluster simulator drives several) --------
+
+    def start(self) -> None:
+        """Build the scheduler; before the first :meth:`add`."""
         config = self.config
         if config.kv_offload_blocks:
             block_bytes = config.kv_bytes_per_token * config.block_size_tokens
@@ -228,25 +256,56 @@ class VllmEngine:
             # A full host tier is a state the simulator explores, not news: vLLM warns once per
             # request and step that cannot store ("cannot store chunks").
             logging.getLogger(OFFLOAD_SCHEDULER_LOGGER).setLevel(logging.ERROR)
-        with tempfile.TemporaryDirectory(prefix="meridian-vllm-") as tmp:
-            scheduler = self._scheduler(model_directory(Path(tmp)))
-            hasher = None
-            if self.config.enable_prefix_caching:
-                hash_fn = get_hash_fn_by_name(
-                    scheduler.vllm_config.cache_config.prefix_caching_hash_algo
-                )
-                init_none_hash(hash_fn)
-                hasher = get_request_block_hasher(self.config.block_size_tokens, hash_fn)
-            records = self._drive(scheduler, streams, hasher)
+        self._tmp = tempfile.TemporaryDirectory(prefix="meridian-vllm-")
+        scheduler = self.scheduler = self._scheduler(model_directory(Path(self._tmp.name)))
+        if self.config.enable_prefix_caching:
+            algo = scheduler.vllm_config.cache_config.prefix_caching_hash_algo
+            hash_fn = get_hash_fn_by_name(algo)
+            init_none_hash(hash_fn)
+            self._hasher = get_request_block_hasher(self.config.block_size_tokens, hash_fn)
+        self._depth = 2 if self.config.async_scheduling else 1
+        # Meridian's scheduler fails open in serving (vLLM's stock behaviour applies); a run
+        # that did would measure the wrong policy, so the simulator stops at the first error.
+        self._fail_open = getattr(scheduler, "meridian_fail_open", None)
+
+    def add(self, stream: Stream, at_ns: int) -> None:
+        """``stream`` arrives at ``at_ns``: the engine core sees it before its next
+        ``schedule()`` from then on (arrivals are added in time order)."""
+        self._records[stream.request_id] = RequestRecord.for_stream(stream)
+        self._arrivals.append(stream)
+        self._times.append(at_ns)
+
+    def next_event_ns(self) -> int | None:
+        """When the loop next does something: the end of the oldest step in flight, else now
+        (a step to schedule), else the next arrival's time (``None``: idle, nothing queued)."""
+        if self._pending_pop:
+            return self._queue[-1].end_ns
+        if self.scheduler.has_requests() or self._queue:
+            return self.now_ns
+        if self._next_arrival < len(self._arrivals):
+            return max(self.now_ns, self._times[self._next_arrival])
+        return None
+
+    def advance(self, until_ns: int) -> None:
+        """Run the loop through every event up to ``until_ns``."""
+        while (time_ns := self.next_event_ns()) is not None and time_ns <= until_ns:
+            self._next()
+
+    def finish(self, order: Sequence[str] | None = None) -> SimResult:
+        """The result (records in ``order`` of request ids, else in arrival order)."""
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
         if self._link is not None:
             self.counters.num_offload_stored_blocks = self._link.counters.num_stored_blocks
             self.counters.num_offload_loaded_blocks = self._link.counters.num_loaded_blocks
         paced = self.spec.scheduler is SchedulerKind.PASCAL
+        ids = order if order is not None else [s.request_id for s in self._arrivals]
         return SimResult.of_run(
             policy=self.spec.name,
             engine=ENGINE_NAME,
             num_kv_blocks=self.config.num_kv_blocks,
-            records=records,
+            records=[self._records[rid] for rid in ids],
             samples=self.samples,
             counters=self.counters,
             now_ns=self.now_ns,
@@ -274,60 +333,51 @@ class VllmEngine:
             **kwargs,
         )
 
-    # -- the engine core's loop ------------------------------------------------------------
+    def _admit_until(self, time_ns: int) -> None:
+        """Arrivals up to ``time_ns`` join the scheduler."""
+        end = bisect_right(self._times, time_ns, lo=self._next_arrival)
+        for stream in self._arrivals[self._next_arrival : end]:
+            self._add(self.scheduler, stream, self._records[stream.request_id], self._hasher)
+        self._next_arrival = end
 
-    def _drive(self, scheduler: Scheduler, streams: Sequence[Stream], hasher: Any) -> list[Any]:
-        arrivals = sorted(streams, key=lambda s: (s.spec.arrival_ns, s.request_id))
-        times = [s.spec.arrival_ns for s in arrivals]
-        records = {s.request_id: RequestRecord.for_stream(s) for s in streams}
-        next_arrival = 0
-        queue: deque[_Step] = deque()
-        device_free_ns = 0
-        num_empty = 0
-        depth = 2 if self.config.async_scheduling else 1
-        # Meridian's scheduler fails open in serving (vLLM's stock behaviour applies); a run
-        # that did would measure the wrong policy, so the simulator stops at the first error.
-        fail_open = getattr(scheduler, "meridian_fail_open", None)
-
-        def admit_until(time_ns: int) -> int:
-            nonlocal next_arrival
-            end = bisect_right(times, time_ns, lo=next_arrival)
-            for stream in arrivals[next_arrival:end]:
-                self._add(scheduler, stream, records[stream.request_id], hasher)
-            next_arrival = end
-            return end
-
-        while next_arrival < len(arrivals) or scheduler.has_requests() or queue:
-            admit_until(self.now_ns)
-            if not scheduler.has_requests() and not queue:
-                self.now_ns = times[next_arrival]  # idle until the next arrival
-                continue
-            if scheduler.has_requests():
-                step = self._schedule(scheduler, max(self.now_ns, device_free_ns))
-                device_free_ns = step.end_ns
-                num_empty = (
-                    0 if step.tokens or step.output.total_num_scheduled_tokens else (num_empty + 1)
-                )
-                if num_empty > MAX_EMPTY_STEPS:
-                    raise SimulationError(
-                        f"the scheduler scheduled nothing {num_empty} times in a row "
-                        f"({len(scheduler.running)} running, {len(scheduler.waiting)} waiting)"
-                    )
-                queue.appendleft(step)
-                if len(queue) < depth and step.output.total_num_scheduled_tokens:
-                    continue
+    def _next(self) -> None:
+        """One event of ``vllm/v1/engine/core.py``'s loop: at ``now``, admit the arrivals and
+        schedule a step (``step_with_batch_queue`` schedules a second one before waiting on the
+        first); at the end of the oldest step in flight, its output and
+        ``update_from_output``."""
+        scheduler, queue = self.scheduler, self._queue
+        if self._pending_pop:
+            self._pending_pop = False
             done = queue.pop()
             self.now_ns = max(self.now_ns, done.end_ns)
             self._deliver(done)
             scheduler.update_from_output(done.output, done.runner_output)
-            if fail_open is not None and fail_open.num_errors:
+            if self._fail_open is not None and self._fail_open.num_errors:
                 raise SimulationError(
                     f"Meridian's policy raised an exception in {self.spec.name!r} (logged "
                     "above): the run would measure vLLM's stock behaviour, not the policy"
                 )
-            if not scheduler.has_requests() and next_arrival < len(arrivals):
-                self.now_ns = max(self.now_ns, times[next_arrival])
-        return [records[s.request_id] for s in streams]
+            if not scheduler.has_requests() and self._next_arrival < len(self._arrivals):
+                self.now_ns = max(self.now_ns, self._times[self._next_arrival])
+            return
+        self._admit_until(self.now_ns)
+        if not scheduler.has_requests() and not queue:
+            self.now_ns = self._times[self._next_arrival]  # idle until the next arrival
+            return
+        if scheduler.has_requests():
+            step = self._schedule(scheduler, max(self.now_ns, self._device_free_ns))
+            self._device_free_ns = step.end_ns
+            scheduled = step.tokens or step.output.total_num_scheduled_tokens
+            self._num_empty = 0 if scheduled else self._num_empty + 1
+            if self._num_empty > MAX_EMPTY_STEPS:
+                raise SimulationError(
+                    f"the scheduler scheduled nothing {self._num_empty} times in a row "
+                    f"({len(scheduler.running)} running, {len(scheduler.waiting)} waiting)"
+                )
+            queue.appendleft(step)
+            if len(queue) < self._depth and step.output.total_num_scheduled_tokens:
+                return  # the next schedule() comes before waiting on this step
+        self._pending_pop = True
 
     def _add(
         self, scheduler: Scheduler, stream: Stream, record: RequestRecord, hasher: Any
@@ -357,15 +407,7 @@ class VllmEngine:
         if link is not None:  # the step waits for the stores it must flush
             start_ns = link.start_step(output.kv_connector_metadata, start_ns)
         for rid in output.preempted_req_ids:
-            request = scheduler.requests.get(rid)
-            live = self._live[rid]
-            delivered = len(request.output_token_ids) if request is not None else live.generated
-            stream = live.stream
-            phase = (
-                Phase.THINK
-                if stream.is_reasoning and delivered <= stream.num_think
-                else Phase.OUTPUT
-            )
+            phase = self.phase(rid)
             self.counters.on_preempt(phase)
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
@@ -410,6 +452,15 @@ class VllmEngine:
                 self._sample(scheduler, start_ns)
         return step
 
+    def phase(self, request_id: str) -> Phase:
+        """The phase of a request the scheduler holds, by the tokens it has been given."""
+        request = self.scheduler.requests.get(request_id)
+        live = self._live[request_id]
+        delivered = len(request.output_token_ids) if request is not None else live.generated
+        stream = live.stream
+        thinking = stream.is_reasoning and delivered <= stream.num_think
+        return Phase.THINK if thinking else Phase.OUTPUT
+
     def _deliver(self, step: _Step) -> None:
         """The step ended: its tokens reach the user; finished requests are accounted."""
         for live, token in step.tokens:
@@ -429,6 +480,8 @@ class VllmEngine:
         self._num_finished += 1
         if self.on_progress is not None:
             self.on_progress(self._num_finished)
+        if self.on_finish is not None:
+            self.on_finish(live.stream.request_id)
 
     def _sample(self, scheduler: Scheduler, time_ns: int) -> None:
         pool = scheduler.kv_cache_manager.block_pool

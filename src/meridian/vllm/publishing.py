@@ -207,6 +207,8 @@ class Publisher:
         self._drafts = [0, 0, 0, 0]
         self._sampled_overhead_s = 0.0
         self._published_at = policy.clock()
+        # Called after each publish (a Ray Serve replica's routing stats: replica_state.py).
+        self.on_publish: Callable[[], None] | None = None
 
     def drafts(self, request_id: str, drafted: int, accepted: int) -> None:
         """A request's ``drafted`` draft tokens were verified, ``accepted`` of them: counted by
@@ -263,6 +265,8 @@ class Publisher:
                     self._drafts = [0, 0, 0, 0]
                 self.listener.publish()
                 self.publish_gauges()
+                if self.on_publish is not None:
+                    self.on_publish()
             samples.clear()
 
     def _publish_kv(self, running: Sequence[Any]) -> None:

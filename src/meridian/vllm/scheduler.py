@@ -64,6 +64,7 @@ from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import make_tracer
 from meridian.vllm.failopen import FailOpen
 from meridian.vllm.publishing import AdapterStats, MetricsListener, Publisher
+from meridian.vllm.replica_state import ReplicaStateWriter
 from meridian.vllm.runtime import MeridianRuntime, output_budget_rows, runtime_from_vllm_config
 from meridian.vllm.steplog import ENV_STEP_LOG, StepLog
 
@@ -198,6 +199,8 @@ class MeridianScheduler(Scheduler):
         # $MERIDIAN_STEP_LOG: every step's shape and duration, for the simulator's calibration.
         step_log = os.environ.get(ENV_STEP_LOG)
         self.meridian_step_log = StepLog(step_log) if step_log else None
+        # $MERIDIAN_REPLICA_STATE: routing stats for a Ray Serve replica, with each publish.
+        self.meridian_replica_state = ReplicaStateWriter.attach(self, self._publisher)
         logger.info(
             "Meridian scheduler: model family %s (%s), config %s, reorders=%s",
             self.meridian.model_name,

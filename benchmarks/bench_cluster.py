@@ -1,0 +1,194 @@
+"""Issue 32's cluster sweep: Meridian's router against Ray Serve's default (power of two choices
+on queue length), round robin, vLLM's data-parallel balancer and a Pascal-like placement, each
+with stock scheduling and with Meridian's, over a load sweep; every cell printed, losses marked;
+and the routers' own cost per decision, measured in the same runs.
+
+Run (fast engine, minutes; ``--engine vllm`` drives vLLM's own scheduler in each replica and
+needs the vLLM environment)::
+
+    .venv/bin/python benchmarks/bench_cluster.py                           # 4 x H100 / Qwen3-8B
+    .venv/bin/python benchmarks/bench_cluster.py --replicas 16 --routers meridian,pow2
+
+Load is the fraction of the cluster's capacity: ``replicas x capacity`` req/s, ``capacity`` one
+replica's (5.5 req/s for H100 / Qwen3-8B: the highest rate at which stock vLLM's queue stays
+bounded, found on vLLM's scheduler by ``benchmarks/bench_targets.py``). Forcing is held equal:
+the stock side runs ``vllm-fcfs+forcing``. The comparison table gives each run against
+``meridian/meridian`` (Meridian's router and scheduler) as Meridian's / theirs: TTFVT P95, answer
+ITL P99 and TTFT P95 (lower is better for Meridian below 1), throughput and goodput (better above
+1). A ratio where Meridian is worse by more than 3 % is marked ``✗``.
+
+Decision cost: each router's ``choose`` and ``routed`` calls timed with ``perf_counter_ns`` while
+the simulation runs (the simulator's renderings of the baselines, not Ray's or vLLM's code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from meridian.bench import clusterrun
+from meridian.bench.clusterrun import ClusterSpec, simulate_cluster
+from meridian.bench.simrun import SimRunSpec, load_requests
+from meridian.core.routing import NewRequest
+from meridian.sim.routers import ROUTERS, parse_routers
+
+STOCK, MERIDIAN = "vllm-fcfs+forcing", "meridian"
+CAPACITY = {("qwen3-8b", "h100-sxm"): 5.5, ("qwen3-32b", "h100-sxm"): 0.88}
+NOISE = 0.03
+# (label, getter, lower is better)
+METRICS: tuple[tuple[str, str, bool], ...] = (
+    ("TTFVT P95 s", "ttfvt", True),
+    ("ITL P99 ms", "itl", True),
+    ("TTFT P95 s", "ttft", True),
+    ("tok/s", "throughput", False),
+    ("goodput req/s", "goodput", False),
+)
+
+# Nanoseconds each router spent deciding, and its decisions, by router name.
+COST_NS: dict[str, list[int]] = defaultdict(list)
+
+
+class TimedRouter:
+    """A router of the simulator whose decisions are timed (same interface, delegated)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.stats_period_s = inner.stats_period_s
+        self.needs_projection = inner.needs_projection
+        self._chosen = 0
+
+    def observe(self, replica: int, stats: Any) -> None:
+        self.inner.observe(replica, stats)
+
+    def choose(self, request: NewRequest, now_s: float, waited_s: float) -> int | None:
+        start = time.perf_counter_ns()
+        chosen: int | None = self.inner.choose(request, now_s, waited_s)
+        self._chosen = time.perf_counter_ns() - start
+        if chosen is None:
+            COST_NS[self.name].append(self._chosen)
+        return chosen
+
+    def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
+        start = time.perf_counter_ns()
+        self.inner.routed(replica, request_id, request, now_s)
+        COST_NS[self.name].append(self._chosen + time.perf_counter_ns() - start)
+
+    def completed(self, replica: int, request_id: str) -> None:
+        self.inner.completed(replica, request_id)
+
+
+def _timed(make: Any) -> Any:
+    def make_timed(*args: Any, **kwargs: Any) -> TimedRouter:
+        return TimedRouter(make(*args, **kwargs))
+
+    return make_timed
+
+
+def _row(summary: Any, held: int) -> dict[str, float]:
+    def val(x: Any) -> float:
+        return float("nan") if x is None else float(x)
+
+    return {
+        "ttfvt": val(summary.ttfvt_s.p95),
+        "itl": val(summary.output_itl_s.p99) * 1e3,
+        "ttft": val(summary.ttft_s.p95),
+        "throughput": val(summary.throughput_tok_s),
+        "goodput": val(summary.goodput_req_s),
+        "recomputed": summary.num_recomputed_tokens,
+        "pre_think": summary.preemptions.think + summary.preemptions.prefill,
+        "pre_out": summary.preemptions.output,
+        "held": held,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--loads", default="0.5,0.7,1.0,1.3", help="fractions of capacity")
+    ap.add_argument("--routers", default="all", help=f"'all' or a comma list of {list(ROUTERS)}")
+    ap.add_argument("--policies", default=f"{MERIDIAN},{STOCK}")
+    ap.add_argument("--engine", choices=("model", "vllm"), default="model")
+    ap.add_argument("--model", default="qwen3-8b")
+    ap.add_argument("--hardware", default="h100-sxm")
+    ap.add_argument("--workload", default="synthetic")
+    ap.add_argument("--duration-s", type=float, default=60.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--capacity", type=float, help="one replica's req/s (default: measured)")
+    args = ap.parse_args()
+    capacity = args.capacity or CAPACITY[(args.model, args.hardware)]
+    routers = parse_routers(args.routers)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    clusterrun.make_router = _timed(clusterrun.make_router)  # type: ignore[attr-defined]
+    cluster = ClusterSpec(replicas=args.replicas, routers=routers)
+    print(
+        f"{args.replicas} x {args.hardware} / {args.model}, engine {args.engine}, workload "
+        f"{args.workload}, {args.duration_s:g} s of arrivals, seed {args.seed}, capacity "
+        f"{capacity:g} req/s per replica"
+    )
+    rows: dict[tuple[float, str], dict[str, float]] = {}
+    started = time.monotonic()
+    for load in (float(x) for x in args.loads.split(",")):
+        rate = load * capacity * args.replicas
+        spec = SimRunSpec(
+            workload=args.workload,
+            arrival_rate=rate,
+            duration_s=args.duration_s,
+            seed=args.seed,
+            hardware=args.hardware,
+            model=args.model,
+            policies=policies,
+            engine=args.engine,
+        )
+        report, _ = simulate_cluster(spec, cluster, rate, load_requests(spec, rate))
+        for name, summary in report.summaries.items():
+            rows[(load, name)] = _row(summary, report.holds[name].num_held)
+        print(f"  load {load:.0%} ({rate:g} req/s) done at {time.monotonic() - started:.0f} s")
+    _print_raw(rows)
+    _print_ratios(rows)
+    print("\nrouter cost per decision (µs; choose + routed, in the runs above):")
+    for name, costs in COST_NS.items():
+        c = np.asarray(costs) / 1e3
+        print(
+            f"  {name:12s} median {np.median(c):7.1f}  P99 {np.percentile(c, 99):7.1f}  "
+            f"({len(c)} calls)"
+        )
+
+
+def _print_raw(rows: dict[tuple[float, str], dict[str, float]]) -> None:
+    head = "| load | router/scheduler | " + " | ".join(m[0] for m in METRICS)
+    print("\n" + head + " | recomputed tok | preempt think/out | held |")
+    print("|" + "---|" * (len(METRICS) + 5))
+    for (load, name), r in rows.items():
+        cells = [f"{r[key]:.4g}" for _, key, _ in METRICS]
+        print(
+            f"| {load:.0%} | `{name}` | " + " | ".join(cells) + f" | {r['recomputed']:.0f} | "
+            f"{r['pre_think']:.0f}/{r['pre_out']:.0f} | {r['held']:.0f} |"
+        )
+
+
+def _print_ratios(rows: dict[tuple[float, str], dict[str, float]]) -> None:
+    print("\nMeridian's router + scheduler (`meridian/meridian`) / each other run; ✗: worse > 3 %")
+    print("| load | against | " + " | ".join(m[0] for m in METRICS) + " |")
+    print("|" + "---|" * (len(METRICS) + 2))
+    losses = 0
+    for (load, name), theirs in rows.items():
+        ours = rows.get((load, f"meridian/{MERIDIAN}"))
+        if ours is None or name == f"meridian/{MERIDIAN}":
+            continue
+        cells = []
+        for _, key, lower in METRICS:
+            ratio = ours[key] / theirs[key] if theirs[key] else float("nan")
+            worse = ratio > 1 + NOISE if lower else ratio < 1 - NOISE
+            losses += worse
+            cells.append(f"{ratio:.2f}" + (" ✗" if worse else ""))
+        print(f"| {load:.0%} | `{name}` | " + " | ".join(cells) + " |")
+    print(f"{losses} cells where Meridian's router + scheduler is worse by more than 3 %")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""Run the cluster simulator (:mod:`meridian.sim.cluster`) for routers x policies on one workload.
+
+The library behind ``meridian bench sim --replicas N --router NAME`` and ``meridian bench
+fidelity --replicas N``: every replica of a run has the engine shape, step-time model and
+scheduling policy a single-engine run would have (:mod:`meridian.bench.simrun`), the workload
+is generated at the cluster's arrival rate, and every (router, policy) pair replays the same
+streams (forcing held equal). A run is named ``ROUTER/POLICY``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from meridian.bench.metrics import Sig6, summarize
+from meridian.bench.report import SimReport
+from meridian.bench.simrun import (
+    SimRunSpec,
+    StreamSet,
+    bind_progress,
+    engine_config_for,
+    forcing_summaries,
+    load_requests,
+    run_parameters,
+    step_model_for,
+)
+from meridian.core.routing import RoutingConfig
+from meridian.errors import MeridianError
+from meridian.sim.cluster import Cluster, ClusterRun, ModelReplica, Replica, VllmReplica
+from meridian.sim.engine import Engine, EngineConfig
+from meridian.sim.policies import PolicySpec, make_sim_policy, parse_policy
+from meridian.sim.request import RequestSpec
+from meridian.sim.routers import make_router, parse_routers
+from meridian.sim.steptime import StepTimeModel
+
+__all__ = ["ClusterReport", "ClusterSpec", "run_cluster", "simulate_cluster"]
+
+ProgressHook = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The cluster around each replica: how many, which routers, how often stats refresh
+    (``None``: each router's own period), and Meridian's routing knobs."""
+
+    replicas: int = 2
+    routers: Sequence[str] = ("meridian",)
+    stats_period_s: float | None = None
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise MeridianError(f"--replicas must be >= 1; got {self.replicas}")
+        if self.stats_period_s is not None and not self.stats_period_s > 0:
+            raise MeridianError(f"--stats-period-s must be > 0; got {self.stats_period_s}")
+        parse_routers(",".join(self.routers))
+
+
+def run_name(router: str, policy: str) -> str:
+    return f"{router}/{policy}"
+
+
+def run_cluster(
+    run: SimRunSpec,
+    cluster: ClusterSpec,
+    router: str,
+    policy: PolicySpec,
+    streams: StreamSet,
+    on_progress: Callable[[int], None] | None = None,
+    *,
+    engine_config: EngineConfig,
+    step_model: StepTimeModel,
+    engine: str,
+) -> ClusterRun:
+    """One (router, policy) pair on ``cluster.replicas`` engines of kind ``engine``."""
+    itl_ns = int(run.slo.output_itl_s * 1e9)
+    chosen = streams.streams(streams.forcing_of(policy))
+
+    def make_replica(on_finish: Callable[[str], None]) -> Replica:
+        if engine == "vllm":
+            from meridian.sim.vllm_engine import VllmEngine
+
+            vllm = VllmEngine(engine_config, step_model, policy, run.config, itl_ns)
+            return VllmReplica(vllm, on_finish)
+        if engine_config.kv_offload_blocks:
+            raise MeridianError("--kv-offload-gib drives vLLM's OffloadingConnector: --engine vllm")
+        sim_policy = make_sim_policy(policy, run.config, itl_ns)
+        sync = replace(engine_config, async_scheduling=False)
+        return ModelReplica(Engine(sync, step_model, sim_policy), on_finish)
+
+    chooser = make_router(
+        router,
+        cluster.replicas,
+        seed=run.seed,
+        stats_period_s=cluster.stats_period_s,
+        config=cluster.routing,
+    )
+    name = run_name(router, policy.name)
+    return Cluster(make_replica, cluster.replicas, chooser, name=name, on_progress=on_progress).run(
+        chosen
+    )
+
+
+class HoldSummary(BaseModel):
+    """Requests the router held (at least one attempt answered "wait") and how long."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_held: int
+    hold_p95_s: Sig6 | None = None
+    hold_max_s: Sig6 | None = None
+
+    @classmethod
+    def of(cls, run: ClusterRun) -> HoldSummary:
+        if not run.hold_s:
+            return cls(num_held=0)
+        held = np.asarray(run.hold_s)
+        return cls(
+            num_held=run.num_held,
+            hold_p95_s=float(np.percentile(held, 95)),
+            hold_max_s=float(held.max()),
+        )
+
+
+class ClusterReport(SimReport):
+    """A :class:`~meridian.bench.report.SimReport` of ``ROUTER/POLICY`` runs, with the cluster:
+    replicas (each of the report's engine shape: ``num_kv_blocks`` is one replica's), the stats
+    period (``None``: each router's own) and each run's holds at the router."""
+
+    replicas: int
+    stats_period_s: Sig6 | None = None
+    holds: dict[str, HoldSummary]
+
+
+def simulate_cluster(
+    spec: SimRunSpec,
+    cluster: ClusterSpec,
+    arrival_rate: float,
+    requests: Sequence[RequestSpec] | None = None,
+    on_progress: ProgressHook | None = None,
+) -> tuple[ClusterReport, dict[str, ClusterRun]]:
+    """Every router of ``cluster`` with every policy of ``spec`` at ``arrival_rate`` (the
+    cluster's); the report and the runs."""
+    if requests is None:
+        requests = load_requests(spec, arrival_rate)
+    if not requests:
+        raise MeridianError("the workload has no requests; raise --duration-s or --arrival-rate")
+    engine_config, step_model = engine_config_for(spec), step_model_for(spec)
+    streams = StreamSet(requests, spec.config)
+    runs: dict[str, ClusterRun] = {}
+    for router in cluster.routers:
+        for name in spec.policies:
+            policy = parse_policy(name)
+            key = run_name(router, policy.name)
+            hook = None if on_progress is None else bind_progress(on_progress, key)
+            runs[key] = run_cluster(
+                spec,
+                cluster,
+                router,
+                policy,
+                streams,
+                hook,
+                engine_config=engine_config,
+                step_model=step_model,
+                engine=spec.engine,
+            )
+    has_reasoning = any(r.is_reasoning for r in requests)
+    report = ClusterReport(
+        **run_parameters(spec, engine_config),
+        policies=list(runs),
+        arrival_rate=arrival_rate,
+        summaries={name: summarize(run.result, spec.slo) for name, run in runs.items()},
+        forcing=forcing_summaries(streams, []) if has_reasoning else [],
+        replicas=cluster.replicas,
+        stats_period_s=cluster.stats_period_s,
+        holds={name: HoldSummary.of(run) for name, run in runs.items()},
+    )
+    return report, runs

@@ -1,0 +1,96 @@
+"""A replica's routing stats, measured from its Meridian policy and its engine's queues.
+
+Both drivers of the routing policy (:mod:`meridian.core.routing`) build a replica's
+:class:`~meridian.core.routing.ReplicaStats` here: Meridian's vLLM scheduler writes them for its
+Ray Serve replica to report (:mod:`meridian.vllm.replica_state`), and the cluster simulator takes
+them from each simulated replica when the router's view of it refreshes. The projection is the
+replica's own headroom model (:class:`~meridian.core.headroom.LengthModel`), under the same
+conditions as its admission uses it (:meth:`~meridian.core.policy.MeridianPolicy.admissions`),
+so a router holds a request exactly where the replica's admission would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from meridian.core.headroom import MIN_REQUESTS_IN_CACHE, Kind
+from meridian.core.policy import EngineRequest, MeridianPolicy
+from meridian.core.routing import Projection, ReplicaStats
+from meridian.core.types import Phase
+
+__all__ = ["ReplicaStatsRecorder"]
+
+
+class ReplicaStatsRecorder:
+    """Measures one replica's stats, call after call; between two calls it times the engine's
+    mean step (how the router ages stats by the steps run since)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int] | None = None
+        self.step_time_s = 0.0
+
+    def record(
+        self,
+        policy: MeridianPolicy,
+        running: Sequence[EngineRequest],
+        waiting: Sequence[EngineRequest],
+        *,
+        num_kv_blocks: int,
+        num_kv_blocks_used: int,
+        num_steps: int,
+        now: float,
+    ) -> ReplicaStats:
+        """The stats at ``now`` (the policy's clock): ``num_kv_blocks`` is the cache the
+        admission projects into (as the engine passes it to ``admissions``), ``num_steps`` the
+        engine's step count so far."""
+        last = self._last
+        if last is not None and num_steps > last[1] and now > last[0]:
+            self.step_time_s = (now - last[0]) / (num_steps - last[1])
+        self._last = (now, num_steps)
+        answering = 0
+        for request in running:
+            # A request not tracked yet has not started answering.
+            with contextlib.suppress(KeyError):
+                answering += policy.phase(request.request_id) is Phase.OUTPUT
+        return ReplicaStats(
+            time_s=now,
+            num_running=len(running),
+            num_waiting=len(waiting),
+            num_answering=answering,
+            num_thinking=len(running) - answering,
+            num_kv_blocks=num_kv_blocks,
+            num_kv_blocks_used=num_kv_blocks_used,
+            block_size=policy.block_size,
+            step_time_s=self.step_time_s,
+            projection=_projection(policy, [*running, *waiting], num_kv_blocks),
+        )
+
+
+def _projection(
+    policy: MeridianPolicy, requests: Sequence[EngineRequest], num_kv_blocks: int
+) -> Projection | None:
+    """The replica's headroom projection, where its admission would use one."""
+    admission, block_size = policy.admission, policy.block_size
+    lengths = admission.lengths
+    if (
+        admission.mode != "headroom"
+        or not lengths.ready
+        or num_kv_blocks * block_size < MIN_REQUESTS_IN_CACHE * lengths.mean_request_tokens
+    ):
+        return None
+    # A request just admitted, of each kind, with no tokens of its own: its blocks are
+    # ((0 + g) / block_size + 0.5) * P(still running at g), which gives the survival.
+    fresh = lengths.expected_blocks([Kind.THINKING, Kind.CHAT], [0, 0], [0, 0], block_size)
+    grid = lengths.grid.copy()
+    survival = fresh / (grid / block_size + 0.5)
+    load = lengths.expected_blocks(*admission.progress(requests), block_size).sum(axis=0)
+    return Projection(
+        grid=grid,
+        load=np.asarray(load, dtype=np.float64),
+        budget=num_kv_blocks * (1.0 - admission.reserve),
+        survival_reasoning=survival[0],
+        survival_chat=survival[1],
+    )

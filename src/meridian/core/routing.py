@@ -1,0 +1,433 @@
+"""Routing across replicas: which replica a new request should go to, or whether it should wait.
+
+One policy, two drivers (ADR-0016): :class:`RoutingPolicy` is what Meridian's Ray Serve request
+router (:mod:`meridian.ray.router`) runs and what the cluster simulator
+(:mod:`meridian.sim.cluster`) measures. It sees what a router sees: each replica's
+:class:`ReplicaStats` as the replica last reported them (polled, so late), and its own
+in-flight requests (those it placed and that have not completed).
+
+What it optimises. A replica running Meridian's scheduler admits a waiting request only while
+the KV its running requests are expected to grow into leaves room for it
+(:mod:`meridian.core.headroom`); a request sent to a replica without that headroom waits in that
+replica's queue, bound to it, while another replica may free room first. So:
+
+1. **Headroom first.** A replica *fits* a request when its projected KV peak, with the request
+   added, stays within its admission budget. The projection is the replica's own (its length
+   model's expected KV of every running and waiting request, on its grid of future steps),
+   aged by the steps run since it was measured, plus the requests this router sent it since
+   then, each projected as a fresh request of its kind.
+2. **Among those that fit, the least KV the request will share its steps with**: the replica's
+   projected load averaged over the request's expected life (weighted by the probability that
+   it still runs at each future step). A decode step reads the KV of every running request,
+   so this is the step time the request can expect: a chat request's short life weighs the
+   next few hundred steps, a reasoning request's the thousands its thinking lasts.
+3. **Hold when no replica fits**: the request waits at the router (Ray Serve retries it) and
+   goes to the first replica that frees room, instead of queueing behind one replica. A request
+   held :attr:`RoutingConfig.max_hold_s` is placed anyway (a starvation bound), on the replica
+   it overflows least.
+
+Stale statistics. Stats without a projection (a replica whose length model has not seen enough
+finished requests, or whose admission does not use it) never hold a request: such a replica is
+ranked with those that fit, by the fraction of its cache in use (plus each request this router
+sent it since, at the replica's mean KV per running request; a replica with a queue counts as
+full). Missing stats, and stats older than
+:attr:`RoutingConfig.stats_max_age_s`, say nothing: such a replica ranks after those, by this
+router's requests in flight on it, and never holds a request either. Holding on information
+that cannot be trusted could hold forever.
+
+A new request's kind comes from its prompt's tail, as the replica's admission decides it
+(:meth:`~meridian.core.format.ReasoningFormat.initial_phase`): ``Phase.OUTPUT`` is a chat request,
+``THINK`` and ``PREFILL`` (the model may open a think block itself) are reasoning.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from meridian.core.types import Phase
+from meridian.errors import ConfigError, MeridianError
+
+__all__ = [
+    "DEFAULT_MAX_HOLD_S",
+    "DEFAULT_STATS_MAX_AGE_S",
+    "WIRE_VERSION",
+    "NewRequest",
+    "Projection",
+    "ReplicaStats",
+    "RoutingConfig",
+    "RoutingPolicy",
+    "StatsError",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+# The version of ReplicaStats.to_wire's dict; a router ignores stats of another version.
+WIRE_VERSION = 1
+# RoutingConfig's defaults: stats older than this never hold a request (ten polls at the
+# 1 s Meridian's deployment uses), and a request is held at most this long (as long as a
+# replica's admission_order_max_wait_s).
+DEFAULT_STATS_MAX_AGE_S = 10.0
+DEFAULT_MAX_HOLD_S = 30.0
+
+
+class StatsError(MeridianError, ValueError):
+    """A replica's reported stats cannot be read (wrong version, a missing or bad field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NewRequest:
+    """What the router knows of a request it has not placed yet: its initial phase (from the
+    prompt's tail), its prompt length and its own bound on generated tokens (``None``: none)."""
+
+    phase: Phase
+    num_prompt_tokens: int
+    max_tokens: int | None = None
+
+    @property
+    def reasoning(self) -> bool:
+        """Whether it is expected to think (it does not start answering)."""
+        return self.phase is not Phase.OUTPUT
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Projection:
+    """A replica's headroom model when its stats were taken.
+
+    ``load[k]``: expected KV blocks of its running and waiting requests ``grid[k]`` steps
+    later; ``budget``: the blocks its admission keeps that peak within; ``survival_reasoning``
+    / ``survival_chat``: the probability that a request of that kind, just admitted, still runs
+    ``grid[k]`` steps later (from the same length model). All arrays have the grid's length.
+    """
+
+    grid: FloatArray
+    load: FloatArray
+    budget: float
+    survival_reasoning: FloatArray
+    survival_chat: FloatArray
+
+    def request_blocks(self, request: NewRequest, block_size: int) -> FloatArray:
+        """The expected KV blocks ``request`` holds at each grid step once admitted: its prompt
+        and the tokens it has generated by then, times the chance it still runs (as
+        :meth:`~meridian.core.headroom.LengthModel.expected_blocks` counts a request), never
+        past its own bound (``max_tokens``)."""
+        survival = self.survival_reasoning if request.reasoning else self.survival_chat
+        generated = self.grid
+        if request.max_tokens is not None:
+            survival = np.where(self.grid <= request.max_tokens, survival, 0.0)
+            generated = np.minimum(generated, float(request.max_tokens))
+        blocks: FloatArray = ((request.num_prompt_tokens + generated) / block_size + 0.5) * survival
+        return blocks
+
+    def aged(self, steps: float) -> FloatArray:
+        """``load`` as it stands ``steps`` steps after it was projected (past the grid: its
+        last point)."""
+        if steps <= 0.0:
+            return self.load
+        shifted: FloatArray = np.interp(self.grid + steps, self.grid, self.load)
+        return shifted
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ReplicaStats:
+    """What a replica reports to the router (Ray Serve's ``record_routing_stats``).
+
+    ``time_s`` is the replica's clock when they were taken (wall time in Ray, virtual time in
+    the simulator); ``block_size`` the tokens of one KV block; ``step_time_s`` the mean engine
+    step over the recent past (0: unknown); ``projection`` ``None`` where the replica's admission
+    has no projection to use.
+    """
+
+    time_s: float
+    num_running: int
+    num_waiting: int
+    num_answering: int
+    num_thinking: int
+    num_kv_blocks: int
+    num_kv_blocks_used: int
+    block_size: int = 16
+    step_time_s: float = 0.0
+    projection: Projection | None = None
+
+    @property
+    def kv_usage(self) -> float:
+        """The fraction of the KV cache in use (vLLM's ``kv_cache_usage``)."""
+        return self.num_kv_blocks_used / self.num_kv_blocks if self.num_kv_blocks else 0.0
+
+    def to_wire(self) -> dict[str, Any]:
+        """A plain, JSON-compatible dict (what crosses Ray Serve's controller)."""
+        wire: dict[str, Any] = {
+            "version": WIRE_VERSION,
+            "time_s": self.time_s,
+            "num_running": self.num_running,
+            "num_waiting": self.num_waiting,
+            "num_answering": self.num_answering,
+            "num_thinking": self.num_thinking,
+            "num_kv_blocks": self.num_kv_blocks,
+            "num_kv_blocks_used": self.num_kv_blocks_used,
+            "block_size": self.block_size,
+            "step_time_s": self.step_time_s,
+            "projection": None,
+        }
+        p = self.projection
+        if p is not None:
+            wire["projection"] = {
+                "grid": p.grid.tolist(),
+                "load": p.load.tolist(),
+                "budget": p.budget,
+                "survival_reasoning": p.survival_reasoning.tolist(),
+                "survival_chat": p.survival_chat.tolist(),
+            }
+        return wire
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> ReplicaStats:
+        """Read :meth:`to_wire`'s dict back; :class:`StatsError` names what is wrong."""
+        if not isinstance(data, Mapping):
+            raise StatsError(f"replica stats must be a mapping; got {type(data).__name__}")
+        if data.get("version") != WIRE_VERSION:
+            raise StatsError(
+                f"replica stats version must be {WIRE_VERSION}; got {data.get('version')!r}"
+            )
+        counts = {
+            name: _count(data, name)
+            for name in (
+                "num_running",
+                "num_waiting",
+                "num_answering",
+                "num_thinking",
+                "num_kv_blocks",
+                "num_kv_blocks_used",
+            )
+        }
+        raw = data.get("projection")
+        projection = None if raw is None else _projection(raw)
+        block_size = _count(data, "block_size")
+        if block_size < 1:
+            raise StatsError("replica stats: block_size must be >= 1")
+        return cls(
+            block_size=block_size,
+            time_s=_number(data, "time_s"),
+            step_time_s=_number(data, "step_time_s"),
+            projection=projection,
+            **counts,
+        )
+
+
+def _number(data: Mapping[str, Any], name: str, *, minimum: float = 0.0) -> float:
+    value = data.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise StatsError(f"replica stats: {name} must be a finite number; got {value!r}")
+    if value < minimum:
+        raise StatsError(f"replica stats: {name} must be >= {minimum:g}; got {value!r}")
+    return float(value)
+
+
+def _count(data: Mapping[str, Any], name: str) -> int:
+    value = data.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise StatsError(f"replica stats: {name} must be an integer >= 0; got {value!r}")
+    return value
+
+
+def _curve(data: Mapping[str, Any], name: str, size: int | None) -> FloatArray:
+    values = data.get(name)
+    if not isinstance(values, list | tuple) or not values:
+        raise StatsError(f"replica stats: projection.{name} must be a non-empty list")
+    if size is not None and len(values) != size:
+        raise StatsError(
+            f"replica stats: projection.{name} has {len(values)} points; the grid has {size}"
+        )
+    array = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(array)) or np.any(array < 0.0):
+        raise StatsError(f"replica stats: projection.{name} must hold finite numbers >= 0")
+    return array
+
+
+def _projection(raw: Any) -> Projection:
+    if not isinstance(raw, Mapping):
+        raise StatsError("replica stats: projection must be a mapping or null")
+    grid = _curve(raw, "grid", None)
+    if np.any(np.diff(grid) <= 0.0):
+        raise StatsError("replica stats: projection.grid must increase")
+    return Projection(
+        grid=grid,
+        load=_curve(raw, "load", len(grid)),
+        budget=_number(raw, "budget"),
+        survival_reasoning=_curve(raw, "survival_reasoning", len(grid)),
+        survival_chat=_curve(raw, "survival_chat", len(grid)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    """The router's knobs (module docstring): how old stats may be before they no longer hold
+    a request, and how long a request may be held."""
+
+    stats_max_age_s: float = DEFAULT_STATS_MAX_AGE_S
+    max_hold_s: float = DEFAULT_MAX_HOLD_S
+
+    def __post_init__(self) -> None:
+        for name in ("stats_max_age_s", "max_hold_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ConfigError(
+                    f"routing {name} must be a positive number of seconds; got {value}"
+                )
+
+
+@dataclass(slots=True)
+class _Placed:
+    """A request this router placed, until it completes."""
+
+    request: NewRequest
+    routed_at: float
+
+
+@dataclass(slots=True)
+class _Replica:
+    stats: ReplicaStats | None = None
+    in_flight: dict[str, _Placed] = field(default_factory=dict)
+
+
+# Rank tiers: replicas that can take the request (it fits their projection, or their fresh stats
+# have none), those without fresh stats, those without room for it.
+_FITS, _BLIND, _FULL = 0, 1, 2
+
+
+class RoutingPolicy:
+    """Meridian's routing decision (module docstring), the same object in every driver.
+
+    A driver reports each replica's stats (:meth:`observe`), the requests it placed
+    (:meth:`routed`) and their completion (:meth:`completed`), and asks :meth:`rank` for every
+    new request. Deterministic: the same calls give the same ranks (ties go by replica name,
+    whatever the candidates' order).
+
+    >>> policy = RoutingPolicy()
+    >>> policy.rank(["b", "a"], NewRequest(Phase.THINK, 100), now=0.0)  # no stats: by queue
+    ['a', 'b']
+    """
+
+    def __init__(self, config: RoutingConfig | None = None) -> None:
+        self.config = config or RoutingConfig()
+        self._replicas: dict[str, _Replica] = {}
+        self._placed_on: dict[str, str] = {}
+
+    def _replica(self, name: str) -> _Replica:
+        replica = self._replicas.get(name)
+        if replica is None:
+            replica = self._replicas[name] = _Replica()
+        return replica
+
+    # -- what the driver reports ---------------------------------------------------------------
+
+    def observe(self, replica: str, stats: ReplicaStats | None) -> None:
+        """``replica``'s latest stats (``None``: it has reported none, or they were unreadable)."""
+        self._replica(replica).stats = stats
+
+    def routed(self, replica: str, request_id: str, request: NewRequest, now: float) -> None:
+        """The driver sent ``request_id`` to ``replica`` at ``now`` (again: it moved there)."""
+        before = self._placed_on.get(request_id)
+        if before is not None and before != replica:
+            self._replicas[before].in_flight.pop(request_id, None)
+        self._replica(replica).in_flight[request_id] = _Placed(request, now)
+        self._placed_on[request_id] = replica
+
+    def completed(self, request_id: str) -> None:
+        """``request_id`` finished (or failed); unknown ids are ignored."""
+        replica = self._placed_on.pop(request_id, None)
+        if replica is not None:
+            self._replicas[replica].in_flight.pop(request_id, None)
+
+    def forget(self, replica: str) -> None:
+        """``replica`` is gone: its stats and its in-flight requests with it."""
+        gone = self._replicas.pop(replica, None)
+        if gone is not None:
+            for request_id in gone.in_flight:
+                self._placed_on.pop(request_id, None)
+
+    def placed_on(self, request_id: str) -> str | None:
+        """The replica ``request_id`` was sent to (``None``: none, or it completed)."""
+        return self._placed_on.get(request_id)
+
+    def num_in_flight(self, replica: str) -> int:
+        """Requests this router placed on ``replica`` that have not completed."""
+        found = self._replicas.get(replica)
+        return 0 if found is None else len(found.in_flight)
+
+    # -- the decision ----------------------------------------------------------------------------
+
+    def rank(
+        self,
+        candidates: Sequence[str],
+        request: NewRequest,
+        now: float,
+        waited_s: float = 0.0,
+    ) -> list[str]:
+        """``candidates`` best first, or ``[]`` to hold ``request`` (no replica has headroom for
+        it and it has waited less than ``max_hold_s``: ``waited_s`` since it reached the
+        router). A permutation of ``candidates`` otherwise (duplicates are ranked once)."""
+        keyed = sorted((self._key(name, request, now), name) for name in set(candidates))
+        if keyed and keyed[0][0][0] == _FULL and waited_s < self.config.max_hold_s:
+            return []
+        return [name for _, name in keyed]
+
+    def headroom(self, replica: str, request: NewRequest, now: float) -> bool | None:
+        """Whether ``replica`` fits ``request`` now; ``None`` where its stats cannot say."""
+        return self._assess(replica, request, now)[2]
+
+    def _key(self, name: str, request: NewRequest, now: float) -> tuple[int, float]:
+        tier, cost, _ = self._assess(name, request, now)
+        return tier, cost
+
+    def _assess(self, name: str, request: NewRequest, now: float) -> tuple[int, float, bool | None]:
+        """(tier, cost, headroom) of ``name`` for ``request``: lower tiers and costs are better;
+        the cost is a fraction of the replica's cache (module docstring)."""
+        replica = self._replicas.get(name) or _Replica()
+        stats = replica.stats
+        if stats is None or now - stats.time_s > self.config.stats_max_age_s:
+            return _BLIND, float(len(replica.in_flight)), None
+        unseen = [p.request for p in replica.in_flight.values() if p.routed_at >= stats.time_s]
+        projection = stats.projection
+        if projection is None:
+            # No projection to hold on: the KV in use now, each request sent since counted at
+            # the replica's mean KV per running request (its prompt alone would let every
+            # request between two polls herd onto the same replica), and a queue counts as a
+            # full cache.
+            cache = max(stats.num_kv_blocks, 1)
+            mean = stats.num_kv_blocks_used / max(stats.num_running, 1)
+            sent = sum(max(u.num_prompt_tokens / stats.block_size, mean) for u in unseen)
+            used = stats.num_kv_blocks_used + sent
+            return _FITS, min(used / cache, 1.0) + (stats.num_waiting > 0), None
+        elapsed = max(0.0, now - stats.time_s)
+        steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
+        load = projection.aged(steps)
+        block_size = stats.block_size
+        for placed in unseen:
+            load = load + projection.request_blocks(placed, block_size)
+        need = projection.request_blocks(request, block_size)
+        budget = max(projection.budget, 1.0)
+        peak = float(np.max(load + need))
+        idle = stats.num_running == 0 and stats.num_waiting == 0 and not unseen
+        if peak > budget and not idle:
+            return _FULL, (peak - budget) / budget, False
+        weights = projection.survival_reasoning if request.reasoning else projection.survival_chat
+        total = float(weights.sum())
+        shared = float(load @ weights) / total if total > 0.0 else float(load[0])
+        return _FITS, shared / budget, True
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` if the in-flight tables disagree."""
+        count = 0
+        for name, replica in self._replicas.items():
+            for request_id in replica.in_flight:
+                if self._placed_on.get(request_id) != name:
+                    raise AssertionError(f"{request_id!r} in flight on {name!r} but not placed")
+                count += 1
+        if count != len(self._placed_on):
+            raise AssertionError(f"{len(self._placed_on)} placed, {count} in flight")

@@ -1,0 +1,347 @@
+"""Meridian's routing policy (``meridian.core.routing``): ranks are a permutation of the
+candidates, a request is held only when no replica has headroom for it (the peak computed here
+by hand), decisions are deterministic; the stats a replica reports (``core.replica_stats``)
+hold a request exactly where the replica's own admission would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meridian.config import SchedulerConfig
+from meridian.core import replica_stats as replica_stats_module
+from meridian.core.format import ReasoningFormat
+from meridian.core.headroom import MIN_SAMPLES
+from meridian.core.policy import MeridianPolicy
+from meridian.core.replica_stats import ReplicaStatsRecorder
+from meridian.core.routing import (
+    NewRequest,
+    Projection,
+    ReplicaStats,
+    RoutingConfig,
+    RoutingPolicy,
+    StatsError,
+)
+from meridian.core.types import Phase
+from meridian.errors import ConfigError
+from test_policy import FakeRequest
+
+GRID = np.linspace(0.0, 2000.0, 9)
+BS = 16
+
+
+def projection(load: list[float], budget: float, reasoning: list[float], chat: list[float]) -> Any:
+    return Projection(
+        grid=GRID,
+        load=np.asarray(load, dtype=float),
+        budget=budget,
+        survival_reasoning=np.asarray(reasoning, dtype=float),
+        survival_chat=np.asarray(chat, dtype=float),
+    )
+
+
+def stats(
+    proj: Projection | None,
+    *,
+    time_s: float = 0.0,
+    running: int = 5,
+    waiting: int = 0,
+    used: int = 100,
+) -> ReplicaStats:
+    return ReplicaStats(
+        time_s=time_s,
+        num_running=running,
+        num_waiting=waiting,
+        num_answering=running // 2,
+        num_thinking=running - running // 2,
+        num_kv_blocks=1000,
+        num_kv_blocks_used=used,
+        block_size=BS,
+        step_time_s=0.02,
+        projection=proj,
+    )
+
+
+def hand_peak(proj: Projection, request: NewRequest) -> float:
+    """The replica's projected peak with ``request`` added, one grid point at a time."""
+    survival = proj.survival_reasoning if request.reasoning else proj.survival_chat
+    peak = 0.0
+    for k, g in enumerate(proj.grid):
+        alive = survival[k] if request.max_tokens is None or g <= request.max_tokens else 0.0
+        tokens = request.num_prompt_tokens + min(g, request.max_tokens or g)
+        peak = max(peak, proj.load[k] + (tokens / BS + 0.5) * alive)
+    return peak
+
+
+decreasing = st.lists(st.floats(0.0, 1.0), min_size=len(GRID), max_size=len(GRID)).map(
+    lambda xs: sorted(xs, reverse=True)
+)
+loads = st.lists(st.floats(0.0, 1200.0), min_size=len(GRID), max_size=len(GRID))
+projections = st.builds(projection, loads, st.floats(1.0, 1500.0), decreasing, decreasing)
+requests = st.builds(
+    NewRequest,
+    st.sampled_from(list(Phase)[:3]),
+    st.integers(1, 4000),
+    st.one_of(st.none(), st.integers(1, 3000)),
+)
+# Each replica: a projection or not, reported now or long ago, running or idle.
+replicas = st.tuples(
+    st.one_of(st.none(), projections),
+    st.sampled_from([0.0, -100.0]),
+    st.integers(0, 8),
+)
+
+
+def build(views: list[tuple[Projection | None, float, int]]) -> tuple[RoutingPolicy, list[str]]:
+    policy = RoutingPolicy()
+    names = [f"r{i}" for i in range(len(views))]
+    for name, (proj, when, running) in zip(names, views, strict=True):
+        policy.observe(name, stats(proj, time_s=when, running=running))
+    return policy, names
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(replicas, min_size=1, max_size=6), requests, st.randoms(use_true_random=False))
+def test_ranks_are_a_permutation_of_the_candidates_or_a_hold(
+    views: list[Any], request: NewRequest, rnd: Any
+) -> None:
+    policy, names = build(views)
+    shuffled = names[:]
+    rnd.shuffle(shuffled)
+    ranked = policy.rank(shuffled + shuffled[:1], request, now=0.0)  # a duplicate is ranked once
+    assert ranked == [] or sorted(ranked) == sorted(names)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(replicas, min_size=1, max_size=6), requests)
+def test_a_request_is_held_only_when_no_replica_has_headroom(
+    views: list[Any], request: NewRequest
+) -> None:
+    policy, names = build(views)
+
+    def has_room(view: tuple[Projection | None, float, int]) -> bool:
+        proj, when, running = view
+        if proj is None or when < -policy.config.stats_max_age_s:
+            return True  # no usable projection: never held
+        return running == 0 or hand_peak(proj, request) <= max(proj.budget, 1.0)
+
+    held = policy.rank(names, request, now=0.0) == []
+    assert held == (not any(has_room(v) for v in views))
+    for name, view in zip(names, views, strict=True):
+        assert policy.headroom(name, request, now=0.0) in (None, has_room(view))
+    # A request held past max_hold_s is placed all the same.
+    assert policy.rank(names, request, now=0.0, waited_s=policy.config.max_hold_s) != []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(replicas, min_size=1, max_size=6), requests, st.randoms(use_true_random=False))
+def test_decisions_are_deterministic_whatever_the_candidates_order(
+    views: list[Any], request: NewRequest, rnd: Any
+) -> None:
+    first, names = build(views)
+    again, _ = build(views)
+    shuffled = names[:]
+    rnd.shuffle(shuffled)
+    assert first.rank(names, request, now=0.5) == again.rank(shuffled, request, now=0.5)
+
+
+def test_the_replica_with_the_least_shared_load_wins_and_full_ones_come_last() -> None:
+    flat = [1.0] * len(GRID)
+    policy = RoutingPolicy()
+    policy.observe("busy", stats(projection([600.0] * 9, 900.0, flat, flat)))
+    policy.observe("quiet", stats(projection([100.0] * 9, 900.0, flat, flat)))
+    policy.observe("full", stats(projection([950.0] * 9, 900.0, flat, flat)))
+    request = NewRequest(Phase.THINK, 160)
+    assert policy.rank(["full", "busy", "quiet"], request, now=0.0) == ["quiet", "busy", "full"]
+    assert policy.headroom("full", request, now=0.0) is False
+    assert policy.headroom("quiet", request, now=0.0) is True
+
+
+def test_chat_weighs_the_next_steps_and_reasoning_its_whole_life() -> None:
+    # "now" is loaded now and drains; "later" is quiet now and fills up. A chat request ends
+    # within the first grid step, a reasoning request runs through the grid.
+    chat = [1.0] + [0.0] * 8
+    reasoning = [1.0] * 9
+    policy = RoutingPolicy()
+    policy.observe("now", stats(projection([500.0] + [50.0] * 8, 2000.0, reasoning, chat)))
+    policy.observe("later", stats(projection([100.0] + [400.0] * 8, 2000.0, reasoning, chat)))
+    assert policy.rank(["now", "later"], NewRequest(Phase.OUTPUT, 50), now=0.0)[0] == "later"
+    assert policy.rank(["now", "later"], NewRequest(Phase.THINK, 50), now=0.0)[0] == "now"
+
+
+def test_requests_sent_since_the_stats_fill_the_replica_until_the_router_holds() -> None:
+    # One fresh request holds (160 + g) / 16 + 0.5 blocks, at most 136 on this grid.
+    flat = [1.0] * len(GRID)
+    policy = RoutingPolicy()
+    policy.observe("a", stats(projection([0.0] * 9, 700.0, flat, flat)))
+    request = NewRequest(Phase.THINK, 160)
+    placed = 0
+    while policy.rank(["a"], request, now=1.0):
+        policy.routed("a", f"q{placed}", request, now=1.0)
+        placed += 1
+    assert placed == 5  # 5 x 136.5 blocks fit 700, a 6th does not
+    policy.completed("q0")
+    assert policy.rank(["a"], request, now=1.0) == ["a"]
+    policy.check_integrity()
+    # Requests placed before the stats were taken are in the stats already.
+    policy.observe("a", stats(projection([0.0] * 9, 700.0, flat, flat), time_s=2.0))
+    assert policy.rank(["a"], request, now=2.0) == ["a"]
+    assert policy.num_in_flight("a") == 4
+
+
+def test_stats_age_by_the_steps_run_since() -> None:
+    # The load drains over the grid: 0.5 s after the stats at 20 ms a step, 25 steps later.
+    flat = [1.0] * len(GRID)
+    draining = list(np.linspace(1000.0, 0.0, len(GRID)))
+    policy = RoutingPolicy()
+    policy.observe("a", stats(projection(draining, 1000.0, flat, flat)))
+    request = NewRequest(Phase.OUTPUT, 16, max_tokens=1)
+    assert policy.rank(["a"], request, now=0.0) == []
+    assert policy.rank(["a"], request, now=0.5) == ["a"]
+
+
+def test_stale_missing_or_unprojected_stats_never_hold() -> None:
+    flat = [1.0] * len(GRID)
+    full = projection([2000.0] * 9, 100.0, flat, flat)
+    request = NewRequest(Phase.THINK, 100)
+    policy = RoutingPolicy(RoutingConfig(stats_max_age_s=5.0))
+    policy.observe("a", stats(full))
+    assert policy.rank(["a"], request, now=1.0) == []
+    assert policy.rank(["a"], request, now=6.0) == ["a"]  # too old to hold anything
+    policy.observe("a", stats(None))
+    assert policy.rank(["a"], request, now=1.0) == ["a"]
+    assert policy.headroom("a", request, now=1.0) is None
+    # Replicas without projections by the KV they use (a queue counts as a full cache), then
+    # those without stats by this router's requests on them.
+    policy.observe("b", stats(None, used=50))
+    policy.observe("e", stats(None, used=10, waiting=1))
+    policy.observe("c", None)
+    policy.observe("f", None)
+    policy.routed("c", "x", request, now=0.0)
+    policy.routed("c", "y", request, now=0.0)
+    assert policy.rank(["a", "b", "c", "e", "f"], request, now=1.0) == ["b", "a", "e", "f", "c"]
+    # A request sent again elsewhere moves there.
+    policy.routed("f", "x", request, now=0.0)
+    assert (policy.placed_on("x"), policy.num_in_flight("c")) == ("f", 1)
+    # An idle replica always fits.
+    policy.observe("d", stats(full, running=0))
+    assert policy.rank(["d"], request, now=1.0) == ["d"]
+    policy.forget("c")
+    policy.check_integrity()
+
+
+def test_stats_cross_the_wire_and_bad_ones_are_named() -> None:
+    flat = [1.0] * len(GRID)
+    original = stats(projection([3.0] * 9, 800.0, flat, [0.5] * 9), time_s=12.5)
+    back = ReplicaStats.from_wire(original.to_wire())
+    assert back.to_wire() == original.to_wire()
+    assert ReplicaStats.from_wire(stats(None).to_wire()).projection is None
+    wire = original.to_wire()
+    with pytest.raises(StatsError, match="version must be 1"):
+        ReplicaStats.from_wire({**wire, "version": 7})
+    with pytest.raises(StatsError, match="num_waiting must be an integer >= 0"):
+        ReplicaStats.from_wire({**wire, "num_waiting": -1})
+    with pytest.raises(StatsError, match=r"projection\.load has 2 points; the grid has 9"):
+        ReplicaStats.from_wire({**wire, "projection": {**wire["projection"], "load": [1, 2]}})
+    with pytest.raises(StatsError, match=r"projection\.grid must increase"):
+        ReplicaStats.from_wire({**wire, "projection": {**wire["projection"], "grid": [0] * 9}})
+    with pytest.raises(ConfigError, match="max_hold_s must be a positive number"):
+        RoutingConfig(max_hold_s=0)
+
+
+# -- the stats a replica reports -------------------------------------------------------------
+
+START, END = 3, 4
+MODEL = ReasoningFormat(think_start=(START,), think_end=(END,))
+THINK_PROMPT = [10] * 30 + [START]
+CHAT_PROMPT = [10] * 30 + [START, END]
+
+
+def taught_policy() -> MeridianPolicy:
+    policy = MeridianPolicy(MODEL, SchedulerConfig(), block_size=BS, capacity=256)
+    rng = np.random.default_rng(0)
+    for i in range(2 * MIN_SAMPLES):
+        think = int(rng.integers(50, 600))
+        policy.track(f"r{i}", THINK_PROMPT)
+        policy.observe([f"r{i}"], [[9] * think + [END]], 1)
+        policy.untrack(f"r{i}", think + 1 + int(rng.integers(10, 100)))
+        policy.track(f"c{i}", CHAT_PROMPT)
+        policy.untrack(f"c{i}", int(rng.integers(10, 200)))
+    return policy
+
+
+def test_reported_stats_hold_a_request_exactly_where_the_replica_admission_would(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A small cache (so that a few requests fill it) where headroom admission projects.
+    monkeypatch.setattr(replica_stats_module, "MIN_REQUESTS_IN_CACHE", 1)
+    from meridian.core import admission as admission_module
+
+    monkeypatch.setattr(admission_module, "MIN_REQUESTS_IN_CACHE", 1)
+    policy = taught_policy()
+    running: list[FakeRequest] = []
+    for i in range(12):
+        r = FakeRequest(f"run{i}", THINK_PROMPT if i % 2 else CHAT_PROMPT)
+        policy.track(r.request_id, r.prompt)
+        for step in range(3 * i):
+            r.output.append(9)
+            policy.observe([r.request_id], [[9]], step + 2)
+        running.append(r)
+    recorder = ReplicaStatsRecorder()
+    seen: set[tuple[Phase, bool]] = set()
+    for num_blocks in range(100, 160, 3):
+        reported = recorder.record(
+            policy, running, [], num_kv_blocks=num_blocks, num_kv_blocks_used=0, num_steps=1,
+            now=5.0,
+        )  # fmt: skip
+        assert reported.projection is not None
+        router = RoutingPolicy()
+        router.observe("replica", reported)
+        for prompt, phase in ((THINK_PROMPT, Phase.THINK), (CHAT_PROMPT, Phase.OUTPUT)):
+            new = FakeRequest(f"new-{num_blocks}-{phase.name}", prompt)
+            policy.track(new.request_id, new.prompt)
+            admitted = policy.admissions(running, [new], num_blocks) == 1
+            policy.untrack(new.request_id)
+            fits = router.headroom("replica", NewRequest(phase, len(prompt)), now=5.0)
+            assert fits == admitted, (num_blocks, phase)
+            seen.add((phase, admitted))
+    assert len(seen) == 4  # both kinds, admitted and held, across these caches
+    assert reported.num_answering == 6 and reported.num_thinking == 6
+
+
+def test_no_projection_before_the_length_model_or_without_headroom_admission() -> None:
+    policy = MeridianPolicy(MODEL, SchedulerConfig(), block_size=BS, capacity=256)
+    recorder = ReplicaStatsRecorder()
+    first = recorder.record(
+        policy, [], [], num_kv_blocks=10_000, num_kv_blocks_used=0, num_steps=10, now=1.0
+    )
+    assert first.projection is None and first.step_time_s == 0.0
+    # The mean step between two records: 30 steps in 0.6 s.
+    second = recorder.record(
+        policy, [], [], num_kv_blocks=10_000, num_kv_blocks_used=0, num_steps=40, now=1.6
+    )
+    assert second.step_time_s == pytest.approx(0.02)
+    vllm_admission = MeridianPolicy(
+        MODEL, SchedulerConfig(), block_size=BS, capacity=256, admission="vllm"
+    )
+    unprojected = ReplicaStatsRecorder().record(
+        vllm_admission, [], [], num_kv_blocks=10, num_kv_blocks_used=0, num_steps=0, now=0.0
+    )
+    assert unprojected.projection is None
+
+
+def test_without_projections_requests_sent_between_polls_do_not_herd_onto_one_replica() -> None:
+    # Two replicas without a projection, a reported 500 and 510 blocks in use by 10 requests
+    # each. A request sent to a since counts at a's mean KV per request (50 blocks), not at its
+    # prompt (1 block): the next one goes to b, as the queue-blind poll alone would not say.
+    policy = RoutingPolicy()
+    policy.observe("a", stats(None, time_s=0.0, running=10, used=500))
+    policy.observe("b", stats(None, time_s=0.0, running=10, used=510))
+    request = NewRequest(Phase.THINK, BS, None)
+    assert policy.rank(["a", "b"], request, 0.5)[0] == "a"
+    policy.routed("a", "first", request, 0.5)
+    assert policy.rank(["a", "b"], request, 0.6)[0] == "b"
