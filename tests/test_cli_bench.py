@@ -122,7 +122,12 @@ def test_trace_round_trip_through_the_cli(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--arrival-rate", "fast"], "--arrival-rate must be a number"),
-        (["--arrival-rate", "0"], "--arrival-rate values must be > 0"),
+        (["--arrival-rate", "0"], "--arrival-rate values must be finite numbers > 0"),
+        (["--arrival-rate", "inf"], "--arrival-rate values must be finite numbers > 0"),
+        (["--arrival-rate", "4,,8"], "--arrival-rate has an empty value in '4,,8'"),
+        (["--arrival-rate", "4,"], "--arrival-rate has an empty value in '4,'"),
+        (["--output-itl-slo-ms", "0"], "--output-itl-slo-ms must be a number > 0; got 0"),
+        (["--ttfvt-slo-base-s", "nan"], "--ttfvt-slo-base-s must be a number > 0; got nan"),
         (["--duration-s", "-1"], "--duration-s must be > 0"),
         (["--policies", "vllm-fcfs,nope"], "unknown policy 'nope'"),
         (
@@ -143,6 +148,56 @@ def test_bad_flags_are_one_line_errors(
     assert main(["bench", "sim", "--out-dir", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def _no_work(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the run started before its arguments were checked")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--arrival-rate", "4,,8"],
+        ["--output-itl-slo-ms", "0"],
+        ["--out-dir", "FILE"],
+        ["--out-dir", "FILE/sub"],
+    ],
+)
+def test_bad_input_is_refused_before_any_work(
+    args: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The output folder used to be created after the whole simulation had run: a file in its
+    # place gave a FileExistsError traceback then. Every check runs before the simulation.
+    monkeypatch.setattr("meridian.cli.bench_cmd.simulate", _no_work)
+    monkeypatch.setattr("meridian.cli.bench_cmd.load_requests", _no_work)
+    existing = tmp_path / "report"
+    existing.write_text("not a folder")
+    args = [a.replace("FILE", str(existing)) for a in args]
+    out = ["--out-dir", str(tmp_path / "out")] if "--out-dir" not in args else []
+    assert main(["bench", "sim", *out, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
+    if "--out-dir" in args:
+        assert f"--out-dir {args[1]}" in err and "is not a directory" in err
+    assert existing.read_text() == "not a folder"
+
+
+def test_fidelity_and_real_check_their_output_folder_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    existing = tmp_path / "f"
+    existing.write_text("")
+    for argv in (
+        ["bench", "fidelity", "--out-dir", str(existing)],
+        ["bench", "real", "--url", "http://127.0.0.1:9/v1", "--model", "m", "--out-dir",
+         str(existing)],
+    ):  # fmt: skip
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"error: --out-dir {existing} is not a directory" in err, argv
 
 
 def test_bad_trace_file_names_file_and_line(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from meridian.cli.common import (
     make_console,
     make_progress,
     positive_gib,
+    positive_number,
     print_summary,
     require_vllm,
     run_spec,
@@ -242,14 +244,18 @@ def _add_replay_args(parser: argparse.ArgumentParser, out_dir: Path) -> None:
 
 
 def _rates(text: str) -> list[float]:
+    """``--arrival-rate``: one rate or a comma list, each a finite number > 0."""
+    items = [x.strip() for x in text.split(",")]
+    if "" in items:
+        raise MeridianError(f"--arrival-rate has an empty value in {text!r}")
     try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
+        rates = [float(x) for x in items]
     except ValueError:
         raise MeridianError(
             f"--arrival-rate must be a number or a comma list of numbers; got {text!r}"
         ) from None
-    if not rates or any(not r > 0 for r in rates):
-        raise MeridianError(f"--arrival-rate values must be > 0; got {text!r}")
+    if any(not (math.isfinite(r) and r > 0) for r in rates):
+        raise MeridianError(f"--arrival-rate values must be finite numbers > 0; got {text!r}")
     return sorted(set(rates))
 
 
@@ -274,11 +280,11 @@ def run_sim(args: argparse.Namespace) -> int:
     """Run the A/B (or the sweep), write reports and plots, print a summary table."""
     check_args(args)
     rates = _rates(args.arrival_rate)
+    ttfvt_base_s = positive_number("--ttfvt-slo-base-s", args.ttfvt_slo_base_s)
+    itl_ms = positive_number("--output-itl-slo-ms", args.output_itl_slo_ms)
     config = load_config(args.config).config
     slo = SloSpec.from_scheduler(
-        config.scheduler,
-        ttfvt_base_s=args.ttfvt_slo_base_s,
-        output_itl_s=args.output_itl_slo_ms / 1000,
+        config.scheduler, ttfvt_base_s=ttfvt_base_s, output_itl_s=itl_ms / 1000
     )
     spec = run_spec(
         args,

@@ -4,7 +4,10 @@ the summary table."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -106,8 +109,29 @@ def print_summary(console: Console, report: SimReport) -> None:
     console.print(table)
 
 
+def check_out_dir(path: Path, flag: str = "--out-dir") -> None:
+    """Fail before any work when ``path`` cannot become the output folder: it, or the first of
+    its parents that exists, is not a directory, or that directory is not writable."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == path else f"cannot be created: {existing} is"
+        raise MeridianError(f"{flag} {path} {what} not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise MeridianError(f"{flag} {path}: {existing} is not writable")
+
+
+def positive_number(flag: str, value: float) -> float:
+    """``value`` when it is a finite number above 0; else a one-line error naming ``flag``."""
+    if not (math.isfinite(value) and value > 0):
+        raise MeridianError(f"{flag} must be a number > 0; got {value:g}")
+    return value
+
+
 def check_args(args: argparse.Namespace) -> None:
     check_workload_args(args)
+    check_out_dir(args.out_dir)
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
         value = getattr(args, flag)
         if value is not None and value < 1:
