@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from meridian.config.schema import SchedulerConfig
 from meridian.core.budget import BudgetPolicy, RequestBudget
 from meridian.core.forcing import ThinkForcer
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
 from meridian.core.types import ForceReason, Phase
 from test_budget import ENTROPY
 
@@ -37,7 +37,7 @@ def make_model(seed: int) -> Model:
 def new_forcer(think_end: tuple[int, ...], transition: tuple[int, ...], eat: int) -> ThinkForcer:
     entropy = ENTROPY.model_copy(update={"eat_min_distance": eat})
     policy = BudgetPolicy(SchedulerConfig(min_think_tokens=2, max_think_tokens=1000), entropy)
-    model = ReasoningModel(think_start=(START,), think_end=think_end)
+    model = ReasoningFormat(think_start=(START,), think_end=think_end)
     return ThinkForcer(model, policy, transition=transition)
 
 
@@ -103,7 +103,7 @@ def speculative_steps(
 
 
 def _counts(forcer: ThinkForcer) -> tuple[object, ...]:
-    st = forcer.router.state("r")
+    st = forcer.state("r")
     return (st.phase, st.forced, st.num_think_tokens, st.num_output_tokens,
             st.num_marker_tokens, st.num_generated_tokens, st.marker_progress)  # fmt: skip
 
@@ -154,7 +154,7 @@ def test_the_forced_row_is_the_one_at_the_cap() -> None:
     # Row 0 samples the 3rd think token; the draft rows: after draft 6 (3 think tokens) forced,
     # the later ones moot (their drafts follow a 6 the engine replaces with </think>).
     assert forcer.speculate("r", [6, 7, 7], [1.0, 1.0, 1.0]) == [END, None, None]
-    assert forcer.router.state("r").num_think_tokens == 2 and not forcer.records
+    assert forcer.state("r").num_think_tokens == 2 and not forcer.records
     # The engine rejected draft 6 (row 0 sampled 7): no force; the next step forces itself.
     out.append(7)
     forcer.prepare(["r"])
@@ -175,7 +175,7 @@ def test_accepted_drafts_are_settled_with_their_force() -> None:
     out.extend([6, 7, END])  # drafts 6, 7 accepted; row 2 sampled the forced END
     forcer.prepare(["r"])
     assert [(r.reason, r.num_think_tokens) for r in forcer.records] == [(ForceReason.HARD_CAP, 3)]
-    assert forcer.phase("r") is Phase.OUTPUT and forcer.router.state("r").forced
+    assert forcer.phase("r") is Phase.OUTPUT and forcer.state("r").forced
     forcer.check_integrity()
 
 

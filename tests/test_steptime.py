@@ -22,7 +22,6 @@ from meridian.sim.steptime import (
     ModelSpec,
     RooflineStepTime,
     StepTimeModel,
-    rows_within_budget,
 )
 
 H100_LLAMA = RooflineStepTime(hardware_preset("h100-sxm"), model_preset("llama-3-8b"))
@@ -399,36 +398,3 @@ def test_samples_that_never_exercise_a_dimension_are_rejected() -> None:
     decode_only = [(BatchShape.decode_only(n, 1000), 5.0 + n * 0.1) for n in range(1, 10)]
     with pytest.raises(CalibrationError, match="no sample exercises ns_per_prefill_token"):
         FittedStepTime.from_samples(decode_only)
-
-
-# --- rows_within_budget ------------------------------------------------------------------------
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    model=st.sampled_from([*ALL_ROOFLINES, FITTED]),
-    budget_ns=st.integers(0, 200_000_000),
-    context=st.integers(1, 32_768),
-    max_rows=st.integers(1, 1024),
-)
-def test_rows_within_budget_is_the_largest_count_that_fits(
-    model: StepTimeModel, budget_ns: int, context: int, max_rows: int
-) -> None:
-    def step_ns(rows: int) -> int:
-        return model.step_time_ns(BatchShape.decode_only(rows, context))
-
-    rows = rows_within_budget(model, budget_ns, context, max_rows)
-    assert 1 <= rows <= max_rows
-    if rows > 1 or step_ns(1) <= budget_ns:
-        assert step_ns(rows) <= budget_ns
-    if rows < max_rows:
-        assert step_ns(rows + 1) > budget_ns
-
-
-def test_rows_within_budget_examples() -> None:
-    # Each 4k-context row adds 512 MiB of KV per step; an ITL of 30 ms leaves room for 104 rows.
-    assert rows_within_budget(H100_LLAMA, 30_000_000, 4096, 512) == 104
-    assert rows_within_budget(H100_LLAMA, 30_000_000, 4096, 50) == 50
-    assert rows_within_budget(H100_LLAMA, 1_000, 4096, 512) == 1  # nothing fits: still progress
-    with pytest.raises(ValueError, match="max_rows"):
-        rows_within_budget(H100_LLAMA, 1_000, 4096, 0)

@@ -122,7 +122,7 @@ def test_headroom_admission_through_vllms_scheduler_cuts_preemption_and_recomput
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A squeezed cache holds few requests, where headroom stands aside: let it act.
-    monkeypatch.setattr("meridian.core.policy.MIN_REQUESTS_IN_CACHE", 1)
+    monkeypatch.setattr("meridian.core.admission.MIN_REQUESTS_IN_CACHE", 1)
     spec = dataclasses.replace(SMALL, duration_s=8.0)
     stock_admission = MeridianConfig(scheduler=SchedulerConfig(admission="vllm"))
     requests = load_requests(spec, spec.arrival_rate)
@@ -275,16 +275,16 @@ def test_one_policy_two_adapters_property(
     """Random workloads, cache sizes and batch shapes: vLLM's scheduler driving the policy
     (through ``MeridianScheduler``) and the fast engine driving the same policy produce the same
     run, request by request (headroom admission acting even in these small caches)."""
-    import meridian.core.policy
+    import meridian.core.admission
 
-    saved, meridian.core.policy.MIN_REQUESTS_IN_CACHE = (
-        meridian.core.policy.MIN_REQUESTS_IN_CACHE,
+    saved, meridian.core.admission.MIN_REQUESTS_IN_CACHE = (
+        meridian.core.admission.MIN_REQUESTS_IN_CACHE,
         1,
     )
     try:
         _two_adapters(seed, policy, blocks, seqs, batched)
     finally:
-        meridian.core.policy.MIN_REQUESTS_IN_CACHE = saved
+        meridian.core.admission.MIN_REQUESTS_IN_CACHE = saved
 
 
 def _two_adapters(seed: int, policy: str, blocks: int, seqs: int, batched: int) -> None:

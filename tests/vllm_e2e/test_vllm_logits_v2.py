@@ -242,7 +242,7 @@ def test_v2_speculative_rows_are_forced_on_the_right_row(runner: Callable[..., R
     own, then = run.next_tokens("think")
     forced = run.step({"think": [own, other(then)]})
     assert forced["think"] == [None, None, END]
-    assert run.proc.forcer.router.state(key).num_think_tokens == 2  # not settled yet
+    assert run.proc.forcer.state(key).num_think_tokens == 2  # not settled yet
     assert len(run.committed("think")) == 4 and END not in run.committed("think")
     # The accepted draft's row is settled (3 think tokens), then the 4th: forced now.
     forced = run.step()

@@ -58,7 +58,7 @@ def test_ngram_speculation_under_meridians_scheduler(
         assert isinstance(scheduler, MeridianScheduler)
         ours = token_ids(llm.generate(prompts, params, use_tqdm=False))
         drafted, accepted = spec_counts(llm)
-        assert scheduler.meridian_overhead.policy_errors == 0
+        assert scheduler.meridian_policy_errors == 0
         assert scheduler.meridian_num_tracked == 0
         sample = scheduler.meridian_metrics.registry.get_sample_value
         counts = {

@@ -263,8 +263,8 @@ def _write_metrics(results: dict[str, SimResult], out_dir: Path) -> list[Path]:
     """Each run reported through the metric catalogue, in Prometheus text format."""
     from prometheus_client import generate_latest
 
+    from meridian.bench.sim_metrics import record_sim_result
     from meridian.telemetry.metrics import MeridianMetrics
-    from meridian.telemetry.sim_export import record_sim_result
 
     paths = []
     for name, result in results.items():

@@ -4,6 +4,7 @@ the summary table."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
 import os
 from collections.abc import Callable
@@ -142,14 +143,12 @@ def require_vllm(engine: str) -> None:
     """``--engine vllm`` runs vLLM's scheduler: say how to get it when it is missing."""
     if engine != "vllm":
         return
-    try:
-        import vllm.v1.core.sched.scheduler  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("vllm") is None:
         raise MeridianError(
             "--engine vllm drives vLLM's own scheduler, and vLLM is not installed in this "
             "environment: run `make vllm-venv` once, then `.venv-vllm/bin/meridian bench sim "
             "--engine vllm ...`"
-        ) from None
+        )
 
 
 ASYNC_SCHEDULING = {"auto": None, "on": True, "off": False}

@@ -71,7 +71,3 @@ class SimRequest:
         if stream.is_reasoning and self.num_output_tokens <= stream.num_think:
             return Phase.THINK
         return Phase.OUTPUT
-
-    @property
-    def finished_generating(self) -> bool:
-        return self.num_output_tokens >= self.stream.num_output_tokens

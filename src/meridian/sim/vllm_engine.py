@@ -45,6 +45,9 @@ from vllm.config import (
     SchedulerConfig,
     VllmConfig,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingWorkerMetadata,
+)
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.utils.math_utils import round_up
@@ -53,7 +56,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -64,7 +67,7 @@ from meridian.sim.offload import HostLink
 from meridian.sim.policies import PascalPolicy, PolicySpec, SchedulerKind
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
 from meridian.sim.steptime import BatchShape, StepTimeModel
-from meridian.sim.streams import EOS_ID, SIM_MODEL, Stream
+from meridian.sim.streams import EOS_ID, SIM_FORMAT, Stream
 from meridian.vllm.resolve import stand_in_model
 from meridian.vllm.runtime import MeridianRuntime
 from meridian.vllm.scheduler import MeridianAsyncScheduler, MeridianScheduler
@@ -95,6 +98,22 @@ _CLASSES: dict[SchedulerKind, tuple[type[Scheduler], type[Scheduler]]] = {
     SchedulerKind.MERIDIAN: (MeridianScheduler, MeridianAsyncScheduler),
     SchedulerKind.PASCAL: (PascalScheduler, PascalAsyncScheduler),
 }
+
+
+def _connector_output(done: list[tuple[int, str]]) -> KVConnectorOutput | None:
+    """What vLLM's offloading worker reports for the transfer jobs ``done`` (``(job id, request
+    id)``, the request id empty for a store): each job completed, each load's request ready."""
+    if not done:
+        return None
+    meta = OffloadingWorkerMetadata()
+    recving: set[str] = set()
+    for job_id, req_id in done:
+        meta.mark_completed(job_id)
+        if req_id:
+            recving.add(req_id)
+    return KVConnectorOutput(
+        finished_sending=set(), finished_recving=recving, kv_connector_worker_meta=meta
+    )
 
 
 def model_directory(root: Path) -> Path:
@@ -240,7 +259,7 @@ class VllmEngine:
         kwargs: dict[str, Any] = {}
         if issubclass(cls, MeridianScheduler):
             kwargs["meridian_runtime"] = MeridianRuntime(
-                self.meridian_config, None, "sim", SIM_MODEL, None, "the simulator's streams"
+                self.meridian_config, None, "sim", SIM_FORMAT, None, "the simulator's streams"
             )
             kwargs["meridian_clock"] = lambda: self.now_ns / 1e9
         return cls(
@@ -265,7 +284,7 @@ class VllmEngine:
         depth = 2 if self.config.async_scheduling else 1
         # Meridian's scheduler fails open in serving (vLLM's stock behaviour applies); a run
         # that did would measure the wrong policy, so the simulator stops at the first error.
-        overhead = getattr(scheduler, "meridian_overhead", None)
+        fail_open = getattr(scheduler, "meridian_fail_open", None)
 
         def admit_until(time_ns: int) -> int:
             nonlocal next_arrival
@@ -298,7 +317,7 @@ class VllmEngine:
             self.now_ns = max(self.now_ns, done.end_ns)
             self._deliver(done)
             scheduler.update_from_output(done.output, done.runner_output)
-            if overhead is not None and overhead.policy_errors:
+            if fail_open is not None and fail_open.num_errors:
                 raise SimulationError(
                     f"Meridian's policy raised an exception in {self.spec.name!r} (logged "
                     "above): the run would measure vLLM's stock behaviour, not the policy"
@@ -378,7 +397,9 @@ class VllmEngine:
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
-            kv_connector_output=None if link is None else link.end_step(start_ns + duration),
+            kv_connector_output=None
+            if link is None
+            else _connector_output(link.end_step(start_ns + duration)),
         )
         step = _Step(output, runner_output, tokens, start_ns + duration, self._num_steps)
         if req_ids:

@@ -298,11 +298,6 @@ class MeridianMetrics:
                 for _ in range(count):
                     self._sink.record(spec, value, _NO_LABELS)
 
-    def observe_reasoning_seconds(self, seconds: float) -> None:
-        """A request reasoned for ``seconds`` (first generated token to the end of thinking)."""
-        self._reasoning.observe(seconds)
-        self._mirror(cat.REASONING_SECONDS, seconds)
-
     def count_generated_tokens(self, phase: Phase, n: int) -> None:
         """``n`` more tokens were generated in ``phase`` (THINK or OUTPUT)."""
         _child(self._generated, phase, "generated tokens").inc(n)

@@ -19,7 +19,9 @@ Per-request knobs in ``SamplingParams.extra_args`` (:func:`~meridian.vllm.runtim
 parse_request_budget`): ``meridian_max_think_tokens`` (positive int, replaces the hard cap) and
 ``meridian_forcing`` (``"on"``/``"off"``). Invalid values are rejected at admission by
 ``validate_params`` (HTTP 400 for that request; offline, an exception from ``generate``); the
-other requests are unaffected.
+other requests are unaffected. A request whose own ``allowed_token_ids`` or ``bad_words`` forbid
+a token a force emits is never forced: the client's restriction wins
+(:meth:`~meridian.vllm.runtime.MeridianRuntime.request_budget`).
 
 Fail open: an exception in Meridian's per-step code is logged once, counted in
 ``num_errors``, and the logits are returned untouched for that step.
@@ -46,6 +48,7 @@ from meridian.core.budget import BudgetPolicy, RequestBudget
 from meridian.core.forcing import ForceRecord, ThinkForcer
 from meridian.core.types import ForceReason
 from meridian.telemetry.metrics import MeridianMetrics
+from meridian.vllm.failopen import FailOpen
 from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
 
 __all__ = ["MeridianLogitsProcessor", "MeridianLogitsProcessorV2", "entropy_torch"]
@@ -112,13 +115,16 @@ class _ProcessorCore:
         # Reaches /metrics like the scheduler's metrics ($PROMETHEUS_MULTIPROC_DIR).
         self.metrics = MeridianMetrics(CollectorRegistry())
         self.forcer = ThinkForcer(
-            runtime.model,
+            runtime.format,
             BudgetPolicy(config.scheduler, config.entropy),
             self._count_force,
             transition=runtime.transition_ids,
         )
-        self.num_errors = 0
-        self._logged: set[tuple[str, str]] = set()
+        self.fail_open = FailOpen(
+            self.metrics, logger, "logits processor", metric_hook="logits_processor"
+        )
+        # Requests whose own sampling restrictions turned their forcing off (_restricted).
+        self.num_restricted = 0
         self._generation = 0
         # Wall time in step() (the per-step work between the forward pass and sampling), and
         # its calls: benchmarks/bench_vllm_overhead.py reports it per step.
@@ -134,16 +140,26 @@ class _ProcessorCore:
         self._generation += 1
         return f"{slot}:{self._generation}"
 
-    @staticmethod
-    def budget_of(params: Any) -> RequestBudget | None:
-        extra = getattr(params, "extra_args", None) if params is not None else None
+    def budget_of(self, params: Any) -> RequestBudget | None:
         try:
-            return parse_request_budget(extra)
+            return self.runtime.request_budget(params, self._restricted)
         except ValueError as exc:
             # validate_params rejects these at admission; reaching here means the processor
             # was not consulted then (e.g. loaded differently). Documented fallback: defaults.
             logger.warning("Meridian: ignoring invalid extra_args (%s); using defaults", exc)
             return None
+
+    def _restricted(self) -> None:
+        """A request's own allowed_token_ids or bad_words forbid a token a force would emit:
+        its forcing is off (the client's restriction wins); counted, and logged once."""
+        self.num_restricted += 1
+        if self.num_restricted == 1:
+            logger.warning(
+                "Meridian: a request's own allowed_token_ids or bad_words forbid a token a force "
+                "emits (think_end ids %s): the client's restriction wins, forcing is off for it "
+                "(further such requests are counted in num_restricted, not logged)",
+                list(self.runtime.think_end_ids),
+            )
 
     def step(
         self, logits: torch.Tensor, rows: list[tuple[int, str]], drafts: Sequence[_Drafts] = ()
@@ -195,20 +211,16 @@ class _ProcessorCore:
             _force_rows(logits, force_rows, force_ids)
         return logits
 
+    @property
+    def num_errors(self) -> int:
+        """Exceptions in Meridian's per-step code that left the logits untouched (failed open)."""
+        num_errors: int = self.fail_open.num_errors
+        return num_errors
+
     def error(self, where: str, exc: Exception) -> None:
-        self.num_errors += 1
-        self.metrics.count_policy_error("logits_processor")
-        key = (where, type(exc).__name__)
-        if key in self._logged:
-            return
-        self._logged.add(key)
-        logger.error(
-            "Meridian logits processor error in %s; logits left untouched this step "
-            "(further %s errors are counted, not logged)",
-            where,
-            type(exc).__name__,
-            exc_info=exc,
-        )
+        """Fail open: count and log (once per kind) an exception in ``where``; the logits of
+        that step are left untouched by the caller."""
+        self.fail_open.error(where, exc)
 
 
 class MeridianLogitsProcessor(LogitsProcessor):
@@ -313,7 +325,7 @@ class MeridianLogitsProcessor(LogitsProcessor):
             self._release_finished()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self._keys or not self.core.runtime.model.has_boundaries:
+        if not self._keys or not self.core.runtime.format.has_boundaries:
             return logits
         num_rows = logits.shape[0]
         rows = [(i, k) for i, k in self._keys.items() if i < num_rows]
@@ -427,10 +439,10 @@ if _V2LogitsProcessor is not None:
             self._outputs.pop(req_idx, None)
             # Tokens are known only at the first apply() (after the runner's staged writes).
             self._pending[req_idx] = sampling_params
-            return self.core.runtime.model.has_boundaries
+            return self.core.runtime.format.has_boundaries
 
         def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
-            if not self.core.runtime.model.has_boundaries:
+            if not self.core.runtime.format.has_boundaries:
                 return logits
             try:
                 return self._apply(logits, ctx)

@@ -1,4 +1,4 @@
-"""Preemption-victim ranking under KV pressure (ADR-0008).
+"""Who loses KV under pressure: victim ranking, and the answer hold (ADR-0008).
 
 Stock vLLM preempts ``running[-1]`` whatever its phase, and reclaims the victim's KV by
 recompute. Meridian ranks the running requests into :class:`VictimClass` es: thinking (and
@@ -19,10 +19,14 @@ its waiting queue, where a small request blocks the queue for the shortest time.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from meridian.core.interface import R
+from meridian.core.state import RequestState
 from meridian.core.types import Phase
+
+__all__ = ["VICTIM_CLASS", "Candidate", "VictimClass", "hold_answers", "rank_victims"]
 
 
 class VictimClass(enum.IntEnum):
@@ -37,20 +41,6 @@ class VictimClass(enum.IntEnum):
     THINKING_GUARDED = 1
     ANSWERING = 2
     ANSWERING_GUARDED = 3
-
-    @classmethod
-    def of(cls, phase: Phase, *, guarded: bool) -> VictimClass:
-        """The class of a running request in ``phase``.
-
-        >>> VictimClass.of(Phase.OUTPUT, guarded=False)
-        <VictimClass.ANSWERING: 2>
-        """
-        try:
-            return VICTIM_CLASS[phase, guarded]
-        except KeyError:
-            raise ValueError(
-                f"a {phase.name} request is not running and cannot be a victim"
-            ) from None
 
 
 # The class of a running request by (phase, guarded): the lookup re-plans make per request.
@@ -96,3 +86,36 @@ def rank_victims(candidates: Sequence[Candidate], *, max_victims: int) -> list[C
         bucket.sort(key=_work)
         ranked.extend(bucket[: max_victims - len(ranked)])
     return ranked
+
+
+def hold_answers(
+    order: Sequence[R], states: Mapping[str, RequestState], num_free_blocks: int, block_size: int
+) -> list[R]:
+    """Answer streams of ``order`` to skip this step because they need a KV block nobody can
+    give.
+
+    When no thinking request holds KV, the engine could make room for an answer stream only by
+    preempting another one, by recompute: that one stalls until re-admitted and then recomputes
+    its prompt, reasoning and answer so far. Holding the streams that need a fresh block for one
+    step instead (the newest first) costs the same wait without the recompute, and each keeps
+    its KV. Never all of them: if every running request were held, nothing could finish and free
+    blocks, so the engine preempts as usual.
+    NOTE: Meridian's addition on top of ADR-0008's last resort.
+    """
+    if num_free_blocks >= len(order):
+        return []  # even if every request needed a block, there is one for each
+    needy: list[R] = []
+    output = Phase.OUTPUT
+    for request in order:
+        computed = request.num_computed_tokens
+        if states[request.request_id].phase is not output:
+            if computed > 0:
+                return []  # a thinking request holds KV: it is preempted, as planned
+            continue
+        # A decode step writes position `computed`; at a block boundary it opens a block.
+        if request.num_tokens - computed == 1 and computed % block_size == 0:
+            needy.append(request)
+    surplus = len(needy) - num_free_blocks
+    if surplus <= 0 or surplus >= len(order):
+        return []
+    return needy[-surplus:]

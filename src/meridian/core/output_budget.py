@@ -1,12 +1,12 @@
-"""The engine's decode step time, measured online: how many rows keep answer streams on time.
+"""The output budget: how many rows a step may hold while answer streams stay on time.
 
 The dual queue serves answer streams first and lets thinking requests fill the step up to
 ``think_batch_multiplier`` times the *output budget*: the rows a step can hold while its time
 stays within ``scheduler.output_tpot_budget_ms`` (an answer token per step, so the step time is
-the answer streams' inter-token latency). With ``[scheduler] output_budget_rows = "auto"`` the
-policy (:class:`~meridian.core.policy.MeridianPolicy`) derives that budget from the steps the
-engine runs, timed by its injected clock (wall time in vLLM, virtual time in the simulator),
-with :class:`DecodeStepTime`:
+the answer streams' inter-token latency). :class:`OutputBudget` holds it: a fixed number of
+rows, the whole batch, or, with ``[scheduler] output_budget_rows = "auto"``, measured from the
+steps the engine runs, timed by the policy's injected clock (wall time in vLLM, virtual time in
+the simulator), with :class:`DecodeStepTime`:
 
 - a sample is one decode-only step (every scheduled row computes one token): its row count
   and its time, from one plan to the next (the model's forward pass, sampling and the
@@ -23,10 +23,16 @@ Pure Python: unit-tested with synthetic step times.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from meridian.core.types import floor_fraction
 
-__all__ = ["DecodeStepTime"]
+__all__ = ["BUDGET_REFIT_STEPS", "DecodeStepTime", "OutputBudget"]
+
+# With "auto", decode-step samples are folded into the fit, and the budget re-derived, in
+# batches of this many steps (one fold of many samples runs hot; one a step would run in the
+# cold caches the engine's forward pass leaves).
+BUDGET_REFIT_STEPS = 16
 
 
 class DecodeStepTime:
@@ -101,3 +107,64 @@ class DecodeStepTime:
             return None
         # floor((budget - a) / b) without float noise: (6 ms - 2 ms) / 0.1 ms is 40 rows.
         return min(max_rows, floor_fraction((budget_s - a) / b, 1))
+
+
+class OutputBudget:
+    """The output budget in force: ``rows`` (``None``: the whole batch), fixed or measured.
+
+    ``setting`` is a number of rows, ``None`` or ``"auto"`` (measured: :class:`DecodeStepTime`
+    against ``tpot_s``, at most ``capacity`` rows). The policy tells it when each step was
+    planned (:meth:`planned`, which returns whether ``rows`` changed) and what the engine
+    scheduled (:meth:`scheduled`): a decode-only step (one token per row) is timed until the
+    next plan.
+    """
+
+    __slots__ = ("_samples", "_timed", "capacity", "rows", "step_time", "tpot_s")
+
+    def __init__(self, setting: int | Literal["auto"] | None, tpot_s: float, capacity: int) -> None:
+        self.rows: int | None = None if setting == "auto" else setting
+        self.step_time = DecodeStepTime() if setting == "auto" else None
+        self.tpot_s = tpot_s
+        self.capacity = capacity
+        # (rows, plan time) of the last step if it was decode-only: a sample in the making.
+        self._timed: tuple[int, float] | None = None
+        self._samples: list[tuple[int, float]] = []
+
+    def planned(self, now: float) -> bool:
+        """A step is being planned at ``now`` (ending the last one); whether ``rows`` changed."""
+        timed = self._timed
+        if timed is None:
+            return False
+        self._timed = None
+        samples = self._samples
+        samples.append((timed[0], now - timed[1]))
+        return len(samples) >= BUDGET_REFIT_STEPS and self._refit()
+
+    def scheduled(self, num_rows: int, num_tokens: int, plan_time: float) -> None:
+        """The engine scheduled the step planned at ``plan_time``: ``num_rows`` rows computing
+        ``num_tokens`` tokens."""
+        if self.step_time is not None:
+            decode_only = num_rows > 0 and num_tokens == num_rows
+            self._timed = (num_rows, plan_time) if decode_only else None
+
+    def idle(self) -> None:
+        """The engine has nothing to run: the time until the next step is no step's time."""
+        self._timed = None
+
+    def set(self, rows: int | None) -> bool:
+        """Change the budget (rows; ``None``: the whole batch); whether it changed."""
+        if rows == self.rows:
+            return False
+        self.rows = rows
+        return True
+
+    def _refit(self) -> bool:
+        """Fold the collected samples into the fit and derive the budget."""
+        samples, self._samples = self._samples, []
+        step_time = self.step_time
+        if step_time is None:
+            return False
+        for rows, seconds in samples:
+            if seconds > 0.0:
+                step_time.observe(rows, seconds)
+        return self.set(step_time.rows_within(self.tpot_s, self.capacity))
