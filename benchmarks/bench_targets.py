@@ -7,6 +7,7 @@ Run (vLLM's own scheduler, needs the vLLM environment: `make vllm-venv`):
     .venv-vllm/bin/python benchmarks/bench_targets.py --model qwen3-32b --workloads synthetic \\
         --rates 0.4,0.56,0.72,0.8,0.88,0.96                      # KV-tight
     .venv-vllm/bin/python benchmarks/bench_targets.py --render   # rewrite README/docs from the JSON
+    .venv-vllm/bin/python benchmarks/bench_targets.py --render meridian-out/targets/*.json
     .venv-vllm/bin/python benchmarks/bench_targets.py --workloads servegen-r1 \\
         --policies vllm-fcfs+forcing --rates 1.6,1.8,2.0         # find a capacity
     .venv-vllm/bin/python benchmarks/bench_targets.py --rates 6.05 \\
@@ -16,7 +17,8 @@ The full sweep (the default workloads, loads, policies, engine, seed and duratio
 ``benchmarks/results/targets-HARDWARE-MODEL.json`` (engine, vLLM version, commit, seed, wall
 time and every cell, :class:`meridian.bench.targets.TargetsRun`) and rewrites the README's and
 ``docs/benchmarks.md``'s blocks from it (:mod:`meridian.bench.targets_render`); anything else
-writes to ``meridian-out/targets/`` and prints its tables. Each cell prints a line when it
+writes a file of its own, ``meridian-out/targets/targets-HARDWARE-MODEL-WORKLOADS-TIME.json``,
+and prints its tables. vLLM's log lines are hidden unless ``-v``. Each cell prints a line when it
 starts, one a minute while it runs and its figures when it ends. Methodology and targets:
 :mod:`meridian.bench.targets`; the cells' figures do not depend on ``--jobs`` (virtual time).
 """
@@ -26,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -48,6 +49,7 @@ from meridian.bench.targets import (
     WorkloadSweep,
 )
 from meridian.bench.targets_render import count_misses, fmt, misses, render_docs, table
+from meridian.cli.common import hide_vllm_logs
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -58,6 +60,12 @@ PROGRESS_EVERY_S = 60.0
 
 def results_path(hardware: str, model: str) -> Path:
     return RESULTS / f"targets-{hardware}-{model}.json"
+
+
+def partial_name(hardware: str, model: str, workloads: list[str], stamp: str) -> str:
+    """A run that is not the full sweep gets a file of its own: two runs never overwrite each
+    other, and ``--render`` takes them together."""
+    return f"targets-{hardware}-{model}-{'+'.join(workloads)}-{stamp}.json"
 
 
 def _cell(cell: Cell) -> tuple[CellResult, OfferedLoad]:
@@ -125,18 +133,25 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="the workload's seed")
     ap.add_argument("--out", type=Path, help="the JSON to write (default: see above)")
     ap.add_argument(
-        "--render", nargs="?", const="", metavar="JSON",
-        help="run nothing: print the tables of a saved run (default: this model's results "
-        "file) and rewrite the README's and docs' blocks from it",
+        "--render", nargs="*", metavar="JSON",
+        help="run nothing: print the tables of saved runs (default: this model's committed "
+        "results file) and, for a committed one, rewrite the README's and docs' blocks from it",
     )  # fmt: skip
+    ap.add_argument("-v", "--verbose", action="store_true", help="show vLLM's own log lines")
     args = ap.parse_args()
+    if not args.verbose:
+        hide_vllm_logs()
     workloads = [w for w in args.workloads.split(",") if w]
     if args.render is not None:
-        path = Path(args.render) if args.render else results_path(args.hardware, args.model)
-        run = TargetsRun.model_validate_json(path.read_text(encoding="utf-8"))
-        _print(run)
-        if not args.render or path.resolve().parent == RESULTS.resolve():
-            _write_docs(run)
+        paths = [Path(p) for p in args.render] or [results_path(args.hardware, args.model)]
+        for path in paths:
+            if not path.is_file():
+                ap.error(f"--render: no results file {path}")
+            run = TargetsRun.model_validate_json(path.read_text(encoding="utf-8"))
+            print(f"{path}: {len(run.workloads)} workload(s), commit {run.commit}")
+            _print(run)
+            if path.resolve().parent == RESULTS.resolve():
+                _write_docs(run)
         return 0
     if args.rates and len(workloads) != 1:
         ap.error("--rates needs exactly one workload (--workloads NAME)")
@@ -174,11 +189,13 @@ def main() -> int:
         and args.policies == ",".join(POLICIES) and args.engine == "vllm" and args.seed == 0
         and args.duration == 600.0 and args.out is None
     )  # fmt: skip
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or (
         results_path(args.hardware, args.model)
         if full
-        else REPO / "meridian-out" / "targets" / f"targets-{args.hardware}-{args.model}.json"
-    )
+        else REPO / "meridian-out" / "targets" / partial_name(args.hardware, args.model,
+                                                              workloads, stamp)
+    )  # fmt: skip
     commit = _git("rev-parse", "--short=7", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--", "src", "benchmarks/bench_targets.py"))
     print(
@@ -273,5 +290,4 @@ def _write_docs(run: TargetsRun) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     sys.exit(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -182,11 +183,15 @@ def test_vllm_log_lines_hidden_unless_verbose(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     args = [*SMALL, "--no-plots", "--policies", "meridian", "--out-dir", str(tmp_path)]
-    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    for name in ("VLLM_LOGGING_LEVEL", "VLLM_CONFIGURE_LOGGING"):
+        monkeypatch.delenv(name, raising=False)
+    vllm_logger = logging.getLogger("vllm")
+    monkeypatch.setattr(vllm_logger, "level", logging.NOTSET)
     assert main([*args, "-v"]) == 0
-    assert "VLLM_LOGGING_LEVEL" not in os.environ
+    assert "VLLM_LOGGING_LEVEL" not in os.environ and vllm_logger.level == logging.NOTSET
     assert main(args) == 0
     assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    assert os.environ["VLLM_CONFIGURE_LOGGING"] == "0" and vllm_logger.level == logging.ERROR
 
 
 @pytest.mark.parametrize(

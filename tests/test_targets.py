@@ -3,6 +3,11 @@ round-tripped and the README/docs blocks rendered from it."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from meridian.bench.targets import (
@@ -17,6 +22,8 @@ from meridian.bench.targets import (
     run_cell,
 )
 from meridian.bench.targets_render import block_keys, count_misses, render_docs, table
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +89,27 @@ def test_json_round_trips_and_renders_into_blocks_only(cell: tuple) -> None:
     out = render_docs(doc, [again])
     assert md in out and "old" not in out and "kept" in out and out.startswith("intro\n")
     assert block_keys(out) == block_keys(doc)
+
+
+def test_render_takes_several_runs_and_names_a_missing_file(cell: tuple, tmp_path: Path) -> None:
+    b, offered = cell
+    paths = []
+    for n in (1, 2):
+        path = tmp_path / f"run{n}.json"
+        run = _run([b, b.model_copy(update={"policy": MERIDIAN})], offered)
+        path.write_text(run.model_dump_json(), encoding="utf-8")
+        paths.append(str(path))
+    script = str(REPO / "benchmarks" / "bench_targets.py")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(
+        [sys.executable, script, "--render", *paths], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert all(f"{p}: 1 workload(s), commit abc1234" in done.stdout for p in paths)
+    assert done.stdout.count("| 100% (4) |") == 2
+    missing = subprocess.run(
+        [sys.executable, script, "--render", str(tmp_path / "nope.json")],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert missing.returncode == 2 and "--render: no results file" in missing.stderr
+    assert "Traceback" not in missing.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ from meridian.cli.common import (
     ASYNC_SCHEDULING,
     add_server_args,
     check_args,
+    hide_vllm_logs,
     make_console,
     make_progress,
     make_screen,
@@ -323,8 +323,8 @@ def run_sim(args: argparse.Namespace) -> int:
         step_time_csv=args.step_time_csv,
     )
     require_vllm(spec.engine)
-    if not args.verbose:  # vLLM's start-up lines (Triton, CPU block size) say nothing here
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    if not args.verbose:
+        hide_vllm_logs()
     console, screen = make_console(), make_screen()
     out: Path = args.out_dir
     started = time.perf_counter()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -164,6 +165,17 @@ def print_summary(console: Console, report: SimReport) -> None:
             text = line.replace("**", "").replace("`", "").lstrip("- ")
             console.print("  " + text, highlight=False, markup=False)
     console.print()
+
+
+def hide_vllm_logs() -> None:
+    """vLLM's log lines below ERROR hidden, in this process and the ones it forks: its start-up
+    lines (Triton, the CPU backend's block size) say nothing about a simulated run. Call it
+    before vLLM is imported: its import-time warnings go to Python's last-resort handler, so the
+    ``vllm`` logger's level is set here, and vLLM's own logging config, which would reset it,
+    is turned off."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 def check_out_dir(path: Path, flag: str = "--out-dir") -> None:
