@@ -184,7 +184,8 @@ def test_vllm_log_lines_hidden_unless_verbose(
 ) -> None:
     args = [*SMALL, "--no-plots", "--policies", "meridian", "--out-dir", str(tmp_path)]
     for name in ("VLLM_LOGGING_LEVEL", "VLLM_CONFIGURE_LOGGING"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # so that the test's end restores the variable's absence
+        monkeypatch.delenv(name)
     vllm_logger = logging.getLogger("vllm")
     monkeypatch.setattr(vllm_logger, "level", logging.NOTSET)
     assert main([*args, "-v"]) == 0
