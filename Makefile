@@ -80,7 +80,8 @@ bench-clients: vllm-venv clients-venv
 ## The whole test suite: lint, types, tests, the vLLM end-to-end group, and both vLLM lines.
 test: lint typecheck unit test-vllm test-vllm-gpu
 
-## The main job: the default simulator A/B (Meridian against the baselines), fast engine.
+## The main job: the default simulator A/B at a load where stock vLLM preempts (16 req/s, 60 s),
+## fast engine: what scheduling did with forcing held equal, and what forcing did.
 bench-sim: venv
 	$(BIN)/meridian bench sim
 

@@ -3,7 +3,7 @@
 Run: .venv/bin/python benchmarks/bench_sim.py            (the fast engine only)
      .venv-vllm/bin/python benchmarks/bench_sim.py       (also vLLM's scheduler)
 
-1. Speed: the default A/B on the fast engine (every policy, 30 s of traffic at 8 req/s) in wall
+1. Speed: the nine-policy A/B on the fast engine (every policy, 30 s of traffic at 8 req/s) in wall
    seconds, and 10 minutes of traffic at 8 req/s for `meridian` and `vllm-fcfs` with simulated
    request-steps per second. With vLLM installed, the same 10-minute `meridian` run on vLLM's
    own scheduler, and the fast engine's speed-up measured in the same run.
@@ -39,7 +39,7 @@ def _speed() -> None:
     wall = time.perf_counter() - started
     rows = sum(r.counters.num_scheduled_rows for r in results.values())
     print(
-        f"default A/B, fast engine: {len(results)} policies x "
+        f"A/B, fast engine: {len(results)} policies x "
         f"{report.summaries['meridian'].num_requests} requests (30 s at 8 req/s) in {wall:.1f} s "
         f"wall; {rows / wall:,.0f} simulated request-steps/s"
     )

@@ -54,3 +54,13 @@ def test_check_with_tokenizer(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     # The same tokenizer contradicts the R1-distill ids: a clear error, exit 2.
     assert main(["config", "check", "--tokenizer", str(tok), "--model", "r1_distill_qwen"]) == 2
     assert "think_start_token_ids is [151648]" in capsys.readouterr().err
+
+
+def test_an_unknown_model_family_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:
+    # `--model` was read only with --tokenizer: a misspelt family passed with exit 0.
+    assert main(["config", "check", "--model", "nosuchfamily"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("error: unknown model family 'nosuchfamily'; known: ")
+    assert captured.err.count("\n") == 1
+    assert main(["config", "check", "--model", "qwen3"]) == 0

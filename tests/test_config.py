@@ -99,6 +99,47 @@ def test_defaults_match_the_design() -> None:
         ("[kv_memory]\ncapacity_bytes = 'lots'", "kv_memory.capacity_bytes must be a positive"),
         ("[entropy]\nenabled = 1", "entropy.enabled"),
         ("[telemetry]\notlp_endpoint = 4318", "telemetry.otlp_endpoint"),
+        # Accepted without a word before (issue 31): values nothing downstream can use.
+        (
+            "[scheduler]\nmax_think_tokens = 99999999999999999999999999999999",
+            "scheduler.max_think_tokens must be in [1, 2147483647]; got 9999",
+        ),
+        (
+            "[telemetry]\notlp_enabled = true\notlp_endpoint = ''",
+            "telemetry.otlp_endpoint must be an http:// or https:// URL with a host when "
+            "telemetry.otlp_enabled is true; got ''",
+        ),
+        (
+            "[telemetry]\notlp_enabled = true\notlp_endpoint = 'localhost:4318'",
+            "telemetry.otlp_endpoint must be an http:// or https:// URL",
+        ),
+        (
+            "[telemetry]\notlp_enabled = true\notlp_endpoint = 'http://h:99999'",
+            "telemetry.otlp_endpoint must be an http:// or https:// URL",
+        ),
+        (
+            "[kv_memory]\nblock_size_tokens = 4294967295",
+            "kv_memory.block_size_tokens must be in [1, 65536]; got 4294967295",
+        ),
+        (
+            "[kv_memory]\ncapacity_bytes = 1000",
+            "kv_memory.capacity_bytes must hold at least 2 blocks of kv_memory.block_size_bytes "
+            "(32768 bytes); got 1000",
+        ),
+        (
+            "[scheduler]\nforce_transition_phrase = '</think>'",
+            "scheduler.force_transition_phrase must not contain '</think>', a think marker of "
+            "deepseek_r1, qwen3, qwq, r1_distill_qwen",
+        ),
+        (
+            "[scheduler]\nforce_transition_phrase = 'Done. <think>'",
+            "scheduler.force_transition_phrase must not contain '<think>'",
+        ),
+        (
+            "[scheduler]\nforce_transition_phrase = 'ok </reason>'\n[model.mine]\n"
+            "think_start = '<reason>'\nthink_end = '</reason>'\nreasoning_parser = 'x'",
+            "must not contain '</reason>', a think marker of mine",
+        ),
     ],
 )
 def test_out_of_range_values_name_the_dotted_path(text: str, expected: str) -> None:
@@ -123,6 +164,18 @@ def test_a_disagg_section_names_its_replacement(text: str) -> None:
     assert message.startswith("m.toml: disagg was removed; delete it from the file: ")
     assert "vLLM's OffloadingConnector" in message
     assert "`meridian serve --kv-offload-gib N`" in message
+
+
+def test_limits_are_accepted_at_the_edge() -> None:
+    edge = parse_config_text(
+        "[scheduler]\nmax_think_tokens = 2147483647\nforce_transition_phrase = 'So, done.'\n"
+        "[kv_memory]\nblock_size_tokens = 65536\ncapacity_bytes = 32768\n"
+        "[telemetry]\notlp_enabled = true\notlp_endpoint = 'https://collector:4318/'\n"
+    )
+    assert edge.scheduler.max_think_tokens == 2**31 - 1
+    assert edge.kv_memory.capacity_bytes == 2 * edge.kv_memory.block_size_bytes
+    # An endpoint is checked only when it is used.
+    assert parse_config_text("[telemetry]\notlp_endpoint = ''").telemetry.otlp_endpoint == ""
 
 
 def test_cross_field_rules() -> None:
@@ -205,7 +258,7 @@ def test_auto_capacity_needs_a_device() -> None:
     assert kv.resolve_capacity_bytes(100 * 2**30) == int(100 * 2**30 * 0.92)
     with pytest.raises(ConfigError, match=r"kv_memory.capacity_bytes is \"auto\""):
         kv.resolve_capacity_bytes(None)
-    assert KvMemoryConfig(capacity_bytes=4096).resolve_capacity_bytes(None) == 4096
+    assert KvMemoryConfig(capacity_bytes=1 << 20).resolve_capacity_bytes(None) == 1 << 20
 
 
 def test_eat_min_distance_override() -> None:

@@ -295,3 +295,49 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     assert 'id="entropy.ema_alpha"' in config_html
     arch_html = (tmp_path / "site" / "architecture" / "index.html").read_text(encoding="utf-8")
     assert arch_html.count('class="mermaid"') >= 2  # the layers and the phase state machine
+
+
+README = REPO / "README.md"
+
+
+def test_readme_lists_every_bundled_model_family_with_its_parser() -> None:
+    from meridian.config.boundaries import BUNDLED_MODELS
+
+    rows = {
+        m[1]: m[2]
+        for m in re.finditer(r"^\| `(\w+)` \|.*\| `(\w+)` \| [^|]+ \|$", README.read_text(), re.M)
+        if m[1] in BUNDLED_MODELS or "_" in m[1]
+    }
+    assert rows == {name: d.reasoning_parser for name, d in BUNDLED_MODELS.items()}
+    for definition in BUNDLED_MODELS.values():
+        ids = definition.think_start_token_ids
+        if ids is not None and len(ids) == 1:
+            assert f"| {ids[0]} / {definition.think_end_token_ids[0]} |" in README.read_text()
+
+
+def test_readme_and_docs_stay_inside_the_repo_and_define_their_terms() -> None:
+    text = README.read_text()
+    pages = [README, *DOCS.glob("*.md")]
+    for page in pages:
+        body = page.read_text()
+        assert "../shared/" not in body, page
+        assert "issue's target" not in body and "issue-11" not in body.lower(), page
+    for term in ("TTFVT", "TTOT", "goodput"):
+        assert f"**{term}**" in text.split("## Quick start")[0], term
+
+
+def test_rendered_blocks_match_the_committed_results() -> None:
+    # Each committed sweep renders the README's and docs' tables; a hand edit or a stale table
+    # differs from what the JSON renders.
+    from meridian.bench.targets import TargetsRun
+    from meridian.bench.targets_render import block_keys, blocks, render_docs
+
+    runs = [
+        TargetsRun.model_validate_json(p.read_text(encoding="utf-8"))
+        for p in sorted((REPO / "benchmarks" / "results").glob("targets-*.json"))
+    ]
+    for page in (README, DOCS / "benchmarks.md"):
+        text = page.read_text(encoding="utf-8")
+        assert render_docs(text, runs) == text, f"{page.name}: run bench_targets.py --render"
+        filled = {key for run in runs for key in blocks(run)}
+        assert set(block_keys(text)) <= filled, f"{page.name}: a block no committed run fills"

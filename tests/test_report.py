@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from meridian.bench.ab import HEADLINE_METRICS, AbFlag, Direction, classify, delta_pct
+from meridian.bench.effects import effect_lines, effects
 from meridian.bench.metrics import PolicySummary, SloSpec, summarize
 from meridian.bench.offered import NS_PER_S, offered_load
 from meridian.bench.report import (
@@ -22,6 +23,7 @@ from meridian.bench.report import (
     ForcingSummary,
     SimReport,
     SweepReport,
+    ab_baselines,
     build_ab_report,
     build_sweep_report,
     load_report,
@@ -37,7 +39,7 @@ from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSamp
 from meridian.sim.request import RequestKind, RequestSpec
 
 MS = 1_000_000
-POLICIES = ["meridian", "vllm-fcfs", "static-budget"]
+POLICIES = ["meridian", "vllm-fcfs+forcing", "static-budget"]
 
 
 def run(
@@ -94,17 +96,19 @@ def run(
 
 
 def report(rate: float = 4.0, **overrides: Any) -> SimReport:
-    """Meridian: 20 ms gaps; vllm-fcfs: 55 ms gaps (misses the ITL SLO), output preemptions,
+    """Meridian: 20 ms gaps; vllm-fcfs+forcing: 55 ms gaps (misses the ITL SLO), output preemptions,
     recomputed tokens and one wrong answer of four; static-budget: 21 ms gaps but answers 400 ms
     sooner (Meridian's TTFVT loses)."""
     runs = {
         "meridian": run("meridian", 20, 1500, think=260),
-        "vllm-fcfs": run("vllm-fcfs", 55, 1600, output_preemptions=4, recomputed=120, wrong=1),
+        "vllm-fcfs+forcing": run(
+            "vllm-fcfs+forcing", 55, 1600, output_preemptions=4, recomputed=120, wrong=1
+        ),
         "static-budget": run("static-budget", 21, 1100, think=300),
     }
     slo = SloSpec()
     fields: dict[str, Any] = {
-        "workload": "mixed-reasoning",
+        "workload": "synthetic",
         "seed": 7,
         "duration_s": 60.0,
         "hardware": "h100-sxm",
@@ -204,41 +208,41 @@ def test_headline_metrics_order() -> None:
 
 def test_ab_report_values_and_flags() -> None:
     ab = build_ab_report(report())
-    assert ab.candidate == "meridian" and ab.baselines == ["vllm-fcfs", "static-budget"]
+    assert ab.candidate == "meridian" and ab.baselines == ["vllm-fcfs+forcing", "static-budget"]
     rows = {r.metric: r for r in ab.rows}
     assert [r.metric for r in ab.rows] == [m.key for m in HEADLINE_METRICS]
 
     itl = rows["output_itl_p99_s"]
     assert itl.values["meridian"] == pytest.approx(0.021)
-    assert itl.values["vllm-fcfs"] == pytest.approx(0.056)
-    assert itl.comparisons["vllm-fcfs"].flag is AbFlag.WIN
-    assert itl.comparisons["vllm-fcfs"].delta_pct == pytest.approx((21 - 56) / 56 * 100)
+    assert itl.values["vllm-fcfs+forcing"] == pytest.approx(0.056)
+    assert itl.comparisons["vllm-fcfs+forcing"].flag is AbFlag.WIN
+    assert itl.comparisons["vllm-fcfs+forcing"].delta_pct == pytest.approx((21 - 56) / 56 * 100)
     # 21 vs 22 ms: -4.5 %, a small win.
     assert itl.comparisons["static-budget"].flag is AbFlag.WIN_SMALL
 
     # static-budget answers 400 ms sooner: Meridian's TTFVT is a LOSS there.
     assert rows["ttfvt_p50_s"].comparisons["static-budget"].flag is AbFlag.LOSS
-    assert rows["ttfvt_p50_s"].comparisons["vllm-fcfs"].flag is AbFlag.WIN_SMALL
+    assert rows["ttfvt_p50_s"].comparisons["vllm-fcfs+forcing"].flag is AbFlag.WIN_SMALL
     # Answer accuracy (model), higher is better: 100 % against 75 % is a WIN.
     acc = rows["answer_accuracy_pct"]
-    assert acc.values == {"meridian": 100.0, "vllm-fcfs": 75.0, "static-budget": 100.0}
-    assert acc.comparisons["vllm-fcfs"].delta_pct == 33.3333  # +1/3, 6 significant digits
-    assert acc.comparisons["vllm-fcfs"].flag is AbFlag.WIN
+    assert acc.values == {"meridian": 100.0, "vllm-fcfs+forcing": 75.0, "static-budget": 100.0}
+    assert acc.comparisons["vllm-fcfs+forcing"].delta_pct == 33.3333  # +1/3, 6 significant digits
+    assert acc.comparisons["vllm-fcfs+forcing"].flag is AbFlag.WIN
     assert acc.comparisons["static-budget"].flag is AbFlag.FLAT
     assert acc.comparisons["static-budget"].delta_pct == 0.0
     # Recomputed tokens 0 against 120: -100 %, a WIN; 0 against 0: flat, by absolute comparison.
     rec = rows["recomputed_tokens"]
-    assert rec.values == {"meridian": 0.0, "vllm-fcfs": 120.0, "static-budget": 0.0}
-    assert rec.comparisons["vllm-fcfs"].delta_pct == -100.0
-    assert rec.comparisons["vllm-fcfs"].flag is AbFlag.WIN
+    assert rec.values == {"meridian": 0.0, "vllm-fcfs+forcing": 120.0, "static-budget": 0.0}
+    assert rec.comparisons["vllm-fcfs+forcing"].delta_pct == -100.0
+    assert rec.comparisons["vllm-fcfs+forcing"].flag is AbFlag.WIN
     assert rec.comparisons["static-budget"].flag is AbFlag.FLAT
     assert rec.comparisons["static-budget"].delta_pct is None
-    assert rows["preemptions_think"].comparisons["vllm-fcfs"].flag is AbFlag.FLAT
-    assert rows["preemptions_output"].comparisons["vllm-fcfs"].flag is AbFlag.WIN
+    assert rows["preemptions_think"].comparisons["vllm-fcfs+forcing"].flag is AbFlag.FLAT
+    assert rows["preemptions_output"].comparisons["vllm-fcfs+forcing"].flag is AbFlag.WIN
     assert rows["preemptions_output"].comparisons["static-budget"].flag is AbFlag.FLAT
     # Every request's answer gaps are 3 steps: equal everywhere.
-    assert rows["worst_answer_gap_steps"].values["vllm-fcfs"] == 3.0
-    assert rows["worst_answer_gap_steps"].comparisons["vllm-fcfs"].flag is AbFlag.FLAT
+    assert rows["worst_answer_gap_steps"].values["vllm-fcfs+forcing"] == 3.0
+    assert rows["worst_answer_gap_steps"].comparisons["vllm-fcfs+forcing"].flag is AbFlag.FLAT
 
 
 def test_ab_needs_the_candidate_and_known_baselines() -> None:
@@ -258,9 +262,11 @@ def test_ab_report_files(tmp_path: Path) -> None:
     assert [p.name for p in paths] == ["ab-report.json", "ab-report.md"]
     assert load_report(paths[0], AbReport) == ab
     md = paths[1].read_text()
-    assert "| metric | unit | direction | `meridian` | `vllm-fcfs` | `static-budget` |" in md
-    assert "Δ vs `vllm-fcfs`" in md and "Δ vs `static-budget`" in md
-    assert "-62.5 % WIN" in md  # output ITL P99 against vllm-fcfs: 21 vs 56 ms
+    assert (
+        "| metric | unit | direction | `meridian` | `vllm-fcfs+forcing` | `static-budget` |" in md
+    )
+    assert "Δ vs `vllm-fcfs+forcing`" in md and "Δ vs `static-budget`" in md
+    assert "-62.5 % WIN" in md  # output ITL P99 against vllm-fcfs+forcing: 21 vs 56 ms
     assert "| goodput | requests/s | higher is better | 2.091 | 0 | 2.426 | base 0: WIN |" in md
     assert "## Where Meridian loses" in md
     assert "- **TTFVT P50** vs `static-budget`" in md
@@ -287,8 +293,8 @@ def test_report_json_is_byte_identical_and_canonical(tmp_path: Path) -> None:
     assert data["engine"] == "model" and data["async_scheduling"] is False
     assert data["max_num_seqs"] is None and data["num_kv_blocks"] is None
     assert data["static_cap"] is None and data["forcing"] == []
-    assert data["summaries"]["vllm-fcfs"]["num_scheduled_tokens"] == 5120
-    assert data["summaries"]["vllm-fcfs"]["answer_accuracy_pct"] == 75.0
+    assert data["summaries"]["vllm-fcfs+forcing"]["num_scheduled_tokens"] == 5120
+    assert data["summaries"]["vllm-fcfs+forcing"]["answer_accuracy_pct"] == 75.0
     assert "num_output_critical_evictions" not in data["summaries"]["meridian"]
 
 
@@ -314,7 +320,7 @@ def test_report_round_trips_through_the_schema(tmp_path: Path) -> None:
     path = write_report(r, tmp_path)[0]
     again = load_report(path, SimReport)
     assert again == r
-    assert isinstance(again.summaries["vllm-fcfs"], PolicySummary)
+    assert isinstance(again.summaries["vllm-fcfs+forcing"], PolicySummary)
     data = json.loads(path.read_text())
     data["schema_version"] = 1  # a report of the previous schema is refused, not misread
     path.write_text(json.dumps(data))
@@ -420,7 +426,7 @@ def test_report_markdown_forcing_section_and_engine() -> None:
 
 def test_report_markdown_table_and_losses(tmp_path: Path) -> None:
     md = write_report(report(), tmp_path)[1].read_text()
-    assert "| metric | unit | `meridian` | `vllm-fcfs` | `static-budget` |" in md
+    assert "| metric | unit | `meridian` | `vllm-fcfs+forcing` | `static-budget` |" in md
     assert "| output ITL P99 | ms | 21 | 56 | 22 |" in md
     assert "| premature force rate (model) | % forced |" in md
     assert "| recomputed tokens | tokens | 0 | 120 | 0 |" in md
@@ -432,18 +438,23 @@ def test_report_markdown_table_and_losses(tmp_path: Path) -> None:
     assert "Engine shape" not in md  # no shape given
     assert "## Forcing, apart from scheduling" not in md  # no forcing given
     assert "## Where Meridian loses" in md
-    assert "- **TTFVT P50** vs `static-budget`" in md
+    # static-budget runs another forcing: its TTFVT win is forcing's, not scheduling's, so it is
+    # no loss of Meridian's here (ab-report.json compares every policy when asked).
+    assert "vs `static-budget`" not in md.split("## Where Meridian loses", 1)[1]
     assert "Nowhere on this run." not in md
     # Fewer think tokens over a similar makespan: the report must own the throughput loss.
-    assert "- **throughput** vs `vllm-fcfs`: -4.1 % (loss)" in md
+    assert "- **throughput** vs `vllm-fcfs+forcing`: -4.1 % (loss)" in md
 
 
 def test_markdown_says_nowhere_when_meridian_never_loses() -> None:
     # Meridian against its own twin: everything FLAT, no loss to list.
     meridian = report().summaries["meridian"]
     r = report(
-        policies=["meridian", "twin"],
-        summaries={"meridian": meridian, "twin": meridian.model_copy(update={"policy": "twin"})},
+        policies=["meridian", "pascal+forcing"],
+        summaries={
+            "meridian": meridian,
+            "pascal+forcing": meridian.model_copy(update={"policy": "pascal+forcing"}),
+        },
     )
     md = render_markdown(r)
     section = md.split("## Where Meridian loses", 1)[1]
@@ -454,10 +465,10 @@ def test_report_rejects_bad_parameters() -> None:
     with pytest.raises(ValidationError, match="not an absolute path"):
         report(workload="/home/me/traces/mixed.jsonl")
     with pytest.raises(ValidationError, match="same policies"):
-        report(policies=["meridian", "vllm-fcfs"])
+        report(policies=["meridian", "vllm-fcfs+forcing"])
     good = report()
     with pytest.raises(ValidationError, match="holds policy"):
-        report(summaries={**good.summaries, "meridian": good.summaries["vllm-fcfs"]})
+        report(summaries={**good.summaries, "meridian": good.summaries["vllm-fcfs+forcing"]})
 
 
 # --- sweep ----------------------------------------------------------------------------------------
@@ -469,14 +480,15 @@ def test_sweep_report(tmp_path: Path) -> None:
     point = sweep.points[0]
     assert set(point.goodput_req_s) == set(POLICIES)
     assert point.goodput_req_s["meridian"] == point.summaries["meridian"].goodput_req_s
-    assert point.output_itl_p99_s["vllm-fcfs"] == pytest.approx(0.056)
+    assert point.output_itl_p99_s["vllm-fcfs+forcing"] == pytest.approx(0.056)
     paths = write_sweep_report(sweep, tmp_path)
     assert [p.name for p in paths] == ["sweep-report.json", "sweep-report.md"]
     assert load_report(paths[0], SweepReport) == sweep
     md = paths[1].read_text()
     assert "## Goodput (requests/s)" in md and "## Output ITL P99 (ms)" in md
     assert "| 2 | " in md and "| 8 | " in md
-    assert "- at 2 requests/s: **TTFVT P50** vs `static-budget`" in md
+    assert "**TTFVT P50** vs `static-budget`" not in md  # another forcing: not a loss
+    assert "- at 2 requests/s: **throughput** vs `vllm-fcfs+forcing`" in md
 
 
 def test_sweep_rejects_mismatched_runs() -> None:
@@ -496,7 +508,7 @@ def test_builder_matches_the_records_it_claims() -> None:
     s = r.summaries["meridian"]
     assert s.output_itl_s.p50 == pytest.approx(0.0205)
     assert s.num_slo_met == 6 and s.num_finished == 6
-    assert r.summaries["vllm-fcfs"].num_slo_met == 0
+    assert r.summaries["vllm-fcfs+forcing"].num_slo_met == 0
 
 
 def test_offered_load_of_generated_and_replayed_requests() -> None:
@@ -533,3 +545,50 @@ def test_reports_state_the_offered_load(tmp_path: Path) -> None:
     write_sweep_report(sweep, tmp_path)
     text = (tmp_path / "sweep-report.md").read_text()
     assert "- at 2 requests/s: Load: offered 1 requests" in text
+
+
+# --- scheduling and forcing apart -----------------------------------------------------------------
+
+
+def _pairs() -> dict[str, PolicySummary]:
+    """Meridian's scheduler beats FCFS with forcing on (20 vs 55 ms gaps); with forcing off the
+    two schedulers are the same run; forcing saves think tokens under either scheduler."""
+    runs = {
+        "meridian": run("meridian", 20, 1500, think=260),
+        "vllm-fcfs+forcing": run("vllm-fcfs+forcing", 55, 1600, output_preemptions=4),
+        "meridian-sched": run("meridian-sched", 20, 1500, think=380),
+        "vllm-fcfs": run("vllm-fcfs", 20, 1500, think=380),
+    }
+    return {p: summarize(r, SloSpec()) for p, r in runs.items()}
+
+
+def test_effects_hold_the_other_thing_equal_and_say_when_nothing_changed() -> None:
+    lines = effect_lines(_pairs())
+    text = "\n".join(lines)
+    assert lines[0] == "What scheduling did (forcing held equal):"
+    assert lines[1].startswith("  meridian vs vllm-fcfs+forcing: output ITL P99 21 vs 56 ms")
+    assert "(-62 % WIN)" in lines[1]
+    assert lines[2] == (
+        "  meridian-sched vs vllm-fcfs: scheduling changed nothing at this load (every "
+        "headline metric within 2 %)."
+    )
+    assert "What forcing did (scheduling held equal):" in text
+    forcing = next(x for x in lines if x.startswith("  meridian vs meridian-sched:"))
+    assert "think tokens avg" in forcing and "WIN" in forcing
+    assert "entropy model: an assumption" in text
+    assert [e.kind for e in effects(_pairs())] == ["scheduling", "scheduling", "forcing", "forcing"]
+
+
+def test_win_and_loss_only_against_the_baselines_with_the_same_forcing() -> None:
+    summaries = _pairs()
+    r = report(policies=list(summaries), summaries=summaries)
+    assert ab_baselines(r) == ["vllm-fcfs+forcing"]
+    assert ab_baselines(r, "meridian-sched") == ["vllm-fcfs"]
+    assert (
+        ab_baselines(report(policies=list(summaries), summaries=summaries, engine="real")) is None
+    )
+    md = render_markdown(r)
+    assert "## Scheduling and forcing, each with the other held equal" in md
+    assert "meridian-sched vs vllm-fcfs: scheduling changed nothing at this load" in md
+    losses = md.split("## Where Meridian loses", 1)[1]
+    assert "vs `vllm-fcfs`" not in losses and "vs `meridian-sched`" not in losses

@@ -414,7 +414,7 @@ def test_an_unset_duration_is_the_workloads_default() -> None:
 
 def test_bench_sim_runs_servegen_and_reports_the_offered_load(tmp_path: Path) -> None:
     args = ["bench", "sim", "--workload", "servegen-r1", "--arrival-rate", "2", "--no-plots"]
-    args += ["--duration-s", "30", "--policies", "meridian,vllm-fcfs", "--seed", "4"]
+    args += ["--duration-s", "30", "--policies", "meridian,vllm-fcfs+forcing", "--seed", "4"]
     assert main([*args, "--out-dir", str(tmp_path / "a")]) == 0
     assert main([*args, "--out-dir", str(tmp_path / "b")]) == 0
     a = (tmp_path / "a" / "report.json").read_bytes()

@@ -41,8 +41,10 @@ from meridian.bench.ab import (
     AbRow,
     compare,
 )
+from meridian.bench.effects import effect_lines, same_forcing_baselines
 from meridian.bench.metrics import PolicySummary, Sig6, SloSpec
 from meridian.bench.offered import OfferedLoad, describe
+from meridian.bench.workloads import is_bundled
 from meridian.errors import MeridianError
 
 CANDIDATE = "meridian"
@@ -187,6 +189,15 @@ def build_ab_report(
         baselines=chosen,
         rows=compare(report.summaries, candidate, chosen),
     )
+
+
+def ab_baselines(report: _RunParameters, candidate: str = CANDIDATE) -> list[str] | None:
+    """The baselines a simulated run's WIN/LOSS is claimed against: the policies with the
+    candidate's forcing (against another forcing a WIN would credit forcing to scheduling;
+    :mod:`meridian.bench.effects` reports forcing apart). A live A/B (``real``): every side."""
+    if report.engine == "real":
+        return None
+    return same_forcing_baselines(candidate, report.policies)
 
 
 def build_sweep_report(reports: Sequence[SimReport]) -> SweepReport:
@@ -379,11 +390,14 @@ def _header(title: str, params: _RunParameters, rate_text: str) -> list[str]:
             f"{fmt(params.max_num_batched_tokens)}, {fmt(params.num_kv_blocks)} KV blocks, chunked "
             f"prefill and prefix caching on, {mode} scheduling."
         )
+    if is_bundled(params.workload):
+        load = f"seed {params.seed}, {rate_text}, {fmt(params.duration_s)} s of arrivals"
+    else:  # a trace: its own arrival times, whatever rate and duration the command line had
+        load = "replayed at the trace's own arrival times (the load it offered is stated below)"
     return [
         f"# {title}",
         "",
-        f"Workload `{params.workload}`, seed {params.seed}, {rate_text}, "
-        f"{fmt(params.duration_s)} s of arrivals; hardware `{params.hardware}`, "
+        f"Workload `{params.workload}`, {load}; hardware `{params.hardware}`, "
         f"model `{params.model}`. Engine: {engine}.{shape}",
         "",
         f"SLOs: TTFVT ≤ {fmt(slo.ttfvt_base_s)} s + {fmt(slo.think_tpot_s)} s × think tokens "
@@ -433,6 +447,18 @@ def _losses(rows: Sequence[AbRow], candidate: str, baselines: Sequence[str]) -> 
     return lines
 
 
+def losses_of(report: SimReport) -> list[str] | None:
+    """The candidate's losses (``- **metric** vs `baseline`: ...``) against the baselines of
+    :func:`ab_baselines`; ``None`` when the run has no candidate or no such baseline."""
+    if CANDIDATE not in report.summaries:
+        return None
+    baselines = ab_baselines(report)
+    if baselines == []:
+        return None
+    ab = build_ab_report(report, baselines=baselines)
+    return _losses(ab.rows, ab.candidate, ab.baselines)
+
+
 def _losses_section(rows: Sequence[AbRow], candidate: str, baselines: Sequence[str]) -> list[str]:
     losses = _losses(rows, candidate, baselines)
     return ["## Where Meridian loses", "", *(losses or ["Nowhere on this run."]), ""]
@@ -449,10 +475,12 @@ def render_markdown(report: SimReport) -> str:
     lines += ["## Summary", "", *_summary_table(report.policies, report.summaries), ""]
     if report.forcing:
         lines += _forcing_section(report)
-    has_ab = CANDIDATE in report.summaries and len(report.summaries) > 1
-    if has_ab:
-        ab = build_ab_report(report)
-        lines += _losses_section(ab.rows, ab.candidate, ab.baselines)
+    if report.engine != "real" and (effects := effect_lines(report.summaries)):
+        lines += ["## Scheduling and forcing, each with the other held equal", ""]
+        lines += [line.strip() for line in effects] + [""]
+    losses = losses_of(report)
+    if losses is not None:
+        lines += ["## Where Meridian loses", "", *(losses or ["Nowhere on this run."]), ""]
         lines += [THRESHOLDS_TEXT, ""]
     lines += [PREMATURE_NOTE, ""]
     return "\n".join(lines)
@@ -517,6 +545,10 @@ def render_ab_markdown(ab: AbReport) -> str:
     lines += _offered_lines(ab.offered)
     lines += [
         f"Δ is `{ab.candidate}`'s change against each baseline: (candidate − baseline) / baseline.",
+        ""
+        if ab.engine == "real"
+        else f"The baselines run `{ab.candidate}`'s forcing, so Δ is scheduling's doing; what "
+        "forcing did, scheduling held equal, is in `report.md`.",
         "",
         *table,
         "",
@@ -564,8 +596,9 @@ def render_sweep_markdown(sweep: SweepReport) -> str:
         )
         lines.append("")
     lines += ["## Where Meridian loses", ""]
-    if CANDIDATE in policies and len(policies) > 1:
-        baselines = [p for p in policies if p != CANDIDATE]
+    chosen = ab_baselines(sweep) if CANDIDATE in policies else []
+    baselines = [p for p in policies if p != CANDIDATE] if chosen is None else chosen
+    if baselines:
         losses: list[str] = []
         for pt in sweep.points:
             rows_at_rate = compare(pt.summaries, CANDIDATE, baselines, HEADLINE_METRICS)
@@ -575,7 +608,7 @@ def render_sweep_markdown(sweep: SweepReport) -> str:
             ]
         lines += [*(losses or ["Nowhere on this sweep."]), "", THRESHOLDS_TEXT, ""]
     else:
-        lines += [f"No `{CANDIDATE}` run in this sweep to compare.", ""]
+        lines += [f"No `{CANDIDATE}` run, or no baseline with its forcing, to compare.", ""]
     lines += [PREMATURE_NOTE, ""]
     return "\n".join(lines)
 
@@ -587,9 +620,11 @@ __all__ = [
     "SimReport",
     "SweepPoint",
     "SweepReport",
+    "ab_baselines",
     "build_ab_report",
     "build_sweep_report",
     "load_report",
+    "losses_of",
     "render_ab_markdown",
     "render_markdown",
     "render_sweep_markdown",

@@ -11,7 +11,7 @@ from rich.progress import TaskID
 from rich.table import Table
 
 from meridian.bench.eat_probe import DEFAULT_SUFFIX
-from meridian.cli.common import add_server_args, make_console, make_progress
+from meridian.cli.common import add_server_args, check_out_dir, make_console, make_progress
 from meridian.config import load_config
 from meridian.errors import MeridianError
 
@@ -95,6 +95,7 @@ def run_accuracy_cmd(args: argparse.Namespace) -> int:
         raise MeridianError(f"--temperature must be in [0, 2]; got {args.temperature}")
     if not args.probe_suffix:
         raise MeridianError("--probe-suffix must not be empty")
+    check_out_dir(args.out_dir)
     entropy = load_config(args.config).config.entropy
     policies = parse_forcing_policies(args.policies, entropy.eat_probe_interval_tokens)
     items = load_dataset(args.dataset)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from meridian.bench.metrics import SloSpec
 from meridian.bench.plots import write_plots, write_sweep_plots
 from meridian.bench.report import (
     SimReport,
+    ab_baselines,
     build_ab_report,
     build_sweep_report,
     write_ab_report,
@@ -35,9 +37,12 @@ from meridian.cli.common import (
     ASYNC_SCHEDULING,
     add_server_args,
     check_args,
+    hide_vllm_logs,
     make_console,
     make_progress,
+    make_screen,
     positive_gib,
+    positive_number,
     print_summary,
     require_vllm,
     run_spec,
@@ -55,6 +60,11 @@ DURATION_HELP = (
     "10-minute window of its source)"
 )
 _DEFAULT_SLO = SloSpec()
+# The default run shows scheduling at work: at 16 req/s for 60 s the synthetic workload fills an
+# H100's KV cache for Qwen3-8B and stock vLLM preempts; at 8 req/s for 30 s nothing is preempted
+# and every scheduler is the same, so the screen would show only forcing.
+DEFAULT_RATE = 16.0
+SIM_DEFAULT_DURATION_S = 60.0
 
 
 def register(commands: Any) -> None:
@@ -81,10 +91,19 @@ def register(commands: Any) -> None:
     )
     sim.add_argument(
         "--arrival-rate",
-        default="8",
-        help="requests per second; a comma list (e.g. 2,4,8,16) runs a sweep (default: 8)",
+        default=f"{DEFAULT_RATE:g}",
+        help="requests per second; a comma list (e.g. 4,8,16) runs a sweep (default: "
+        f"{DEFAULT_RATE:g}, where the default workload preempts on the default engine, so "
+        "scheduling has something to do)",
     )
-    _add_engine_args(sim, policies="all", out_dir=DEFAULT_OUT_DIR)
+    _add_engine_args(
+        sim,
+        policies="all",
+        out_dir=DEFAULT_OUT_DIR,
+        duration_help=DURATION_HELP.replace(
+            f"({DEFAULT_DURATION_S:g};", f"({SIM_DEFAULT_DURATION_S:g} for synthetic;"
+        ),
+    )
     sim.add_argument(
         "--step-time-csv",
         type=Path,
@@ -108,6 +127,9 @@ def register(commands: Any) -> None:
         default="auto",
         help="vLLM's asynchronous scheduling; auto: on with --engine vllm (vLLM's GPU default), "
         "off with --engine model (the fast engine models synchronous scheduling only)",
+    )
+    sim.add_argument(
+        "-v", "--verbose", action="store_true", help="--engine vllm: show vLLM's own log lines"
     )
     sim.add_argument("--export-trace", type=Path, help="also write the workload as a JSONL trace")
     sim.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -169,7 +191,13 @@ def register(commands: Any) -> None:
     accuracy_cmd.register(sub)
 
 
-def _add_engine_args(parser: argparse.ArgumentParser, *, policies: str, out_dir: Path) -> None:
+def _add_engine_args(
+    parser: argparse.ArgumentParser,
+    *,
+    policies: str,
+    out_dir: Path,
+    duration_help: str = DURATION_HELP,
+) -> None:
     """The workload, engine-shape and policy arguments ``bench sim`` and ``bench fidelity``
     share."""
     parser.add_argument(
@@ -185,7 +213,7 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, policies: str, out_dir:
         "vllm-priority, pascal (each also as NAME+forcing), static-budget[:CAP] "
         f"(default: {policies})",
     )
-    parser.add_argument("--duration-s", type=float, help=DURATION_HELP)
+    parser.add_argument("--duration-s", type=float, help=duration_help)
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload generator (0)")
     parser.add_argument(
         "--hardware", default="h100-sxm", choices=sorted(HARDWARE), help="hardware preset"
@@ -244,14 +272,18 @@ def _add_replay_args(parser: argparse.ArgumentParser, out_dir: Path) -> None:
 
 
 def _rates(text: str) -> list[float]:
+    """``--arrival-rate``: one rate or a comma list, each a finite number > 0."""
+    items = [x.strip() for x in text.split(",")]
+    if "" in items:
+        raise MeridianError(f"--arrival-rate has an empty value in {text!r}")
     try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
+        rates = [float(x) for x in items]
     except ValueError:
         raise MeridianError(
             f"--arrival-rate must be a number or a comma list of numbers; got {text!r}"
         ) from None
-    if not rates or any(not r > 0 for r in rates):
-        raise MeridianError(f"--arrival-rate values must be > 0; got {text!r}")
+    if any(not (math.isfinite(r) and r > 0) for r in rates):
+        raise MeridianError(f"--arrival-rate values must be finite numbers > 0; got {text!r}")
     return sorted(set(rates))
 
 
@@ -274,13 +306,15 @@ def _write_metrics(results: dict[str, SimResult], out_dir: Path) -> list[Path]:
 
 def run_sim(args: argparse.Namespace) -> int:
     """Run the A/B (or the sweep), write reports and plots, print a summary table."""
+    if args.duration_s is None and args.workload == "synthetic":
+        args.duration_s = SIM_DEFAULT_DURATION_S
     check_args(args)
     rates = _rates(args.arrival_rate)
+    ttfvt_base_s = positive_number("--ttfvt-slo-base-s", args.ttfvt_slo_base_s)
+    itl_ms = positive_number("--output-itl-slo-ms", args.output_itl_slo_ms)
     config = load_config(args.config).config
     slo = SloSpec.from_scheduler(
-        config.scheduler,
-        ttfvt_base_s=args.ttfvt_slo_base_s,
-        output_itl_s=args.output_itl_slo_ms / 1000,
+        config.scheduler, ttfvt_base_s=ttfvt_base_s, output_itl_s=itl_ms / 1000
     )
     spec = run_spec(
         args,
@@ -291,7 +325,9 @@ def run_sim(args: argparse.Namespace) -> int:
         step_time_csv=args.step_time_csv,
     )
     require_vllm(spec.engine)
-    console = make_console()
+    if not args.verbose:
+        hide_vllm_logs()
+    console, screen = make_console(), make_screen()
     out: Path = args.out_dir
     started = time.perf_counter()
     reports: list[SimReport] = []
@@ -320,20 +356,21 @@ def run_sim(args: argparse.Namespace) -> int:
         reports.append(report)
         rate_dir = out if len(rates) == 1 else out / f"rate-{rate:g}"
         written += write_report(report, rate_dir)
-        if len(spec.policies) > 1 and "meridian" in spec.policies:
-            written += write_ab_report(build_ab_report(report), rate_dir)
+        baselines = ab_baselines(report) if "meridian" in spec.policies else []
+        if baselines:
+            written += write_ab_report(build_ab_report(report, baselines=baselines), rate_dir)
         if not args.no_plots:
             written += write_plots(results, rate_dir, slo)
         if args.metrics:
             written += _write_metrics(results, rate_dir)
-        print_summary(console, report)
+        print_summary(screen, report)
     if len(reports) > 1:
         sweep = build_sweep_report(reports)
         written += write_sweep_report(sweep, out)
         if not args.no_plots:
             written += write_sweep_plots(sweep, out)
     elapsed = time.perf_counter() - started
-    console.print(f"wall time {elapsed:.1f} s; wrote {len(written)} files under {out}/:")
+    screen.print(f"wall time {elapsed:.1f} s; wrote {len(written)} files under {out}/:")
     for path in written:
-        console.print(f"  {path}")
+        screen.print(f"  {path}", soft_wrap=True)
     return 0

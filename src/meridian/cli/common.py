@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from collections.abc import Callable
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from meridian.bench.effects import effect_lines
 from meridian.bench.metrics import PolicySummary
 from meridian.bench.offered import describe
-from meridian.bench.report import SimReport
+from meridian.bench.report import SimReport, fmt, losses_of
 from meridian.bench.simrun import SimRunSpec
-from meridian.bench.workloads import default_duration_s
+from meridian.bench.workloads import default_duration_s, is_bundled
 from meridian.errors import MeridianError
 from meridian.sim.policies import parse_policies
 
@@ -35,8 +41,14 @@ def make_progress(console: Console) -> Progress:
 
 
 def make_console() -> Console:
-    """stderr; wide enough for the summary table when it is not a terminal (logs, CI)."""
+    """stderr, for progress; wide enough when it is not a terminal (logs, CI)."""
     return Console(stderr=True, width=None if Console(stderr=True).is_terminal else 160)
+
+
+def make_screen() -> Console:
+    """stdout, for the summary and the files written: the terminal's width, or 100 columns
+    when stdout is not a terminal (a pipe or a log)."""
+    return Console(width=None if Console().is_terminal else 100)
 
 
 def check_workload_args(args: argparse.Namespace) -> None:
@@ -63,7 +75,7 @@ def _num(path: str, scale: float = 1) -> Callable[[PolicySummary], str]:
 
     def cell(s: PolicySummary) -> str:
         value = _get(s, path)
-        return "-" if value is None else f"{value * scale:,.4g}"
+        return "-" if value is None else fmt(value, scale)
 
     return cell
 
@@ -74,41 +86,121 @@ def _forced_total(s: PolicySummary) -> str:
 
 
 def _preemptions(s: PolicySummary) -> str:
-    return f"{s.preemptions.output}/{s.preemptions.think}"
+    return f"{s.preemptions.output:,}/{s.preemptions.think:,}"
 
 
-_COLUMNS: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
-    ("output ITL P99 (ms)", _num("output_itl_s.p99", 1000)),
-    ("TTFVT P95 (s)", _num("ttfvt_s.p95")),
-    ("TTOT P95 (s)", _num("ttot_s.p95")),
-    ("think tok avg", _num("think_tokens.mean")),
-    ("forced %", _forced_total),
-    ("accuracy % (model)", _num("answer_accuracy_pct")),
-    ("preempt out/think", _preemptions),
-    ("worst gap (steps)", _num("worst_answer_gap_steps")),
+# (header, cell): two groups, so that each table fits 80 columns with the longest policy name.
+_LATENCY: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
+    ("answer ITL P99 ms", _num("output_itl_s.p99", 1000)),
+    ("TTFVT P95 s", _num("ttfvt_s.p95")),
+    ("TTOT P95 s", _num("ttot_s.p95")),
     ("tok/s", _num("throughput_tok_s")),
     ("goodput req/s", _num("goodput_req_s")),
 )
+_WORK: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
+    ("think tok avg", _num("think_tokens.mean")),
+    ("forced %", _forced_total),
+    ("accuracy % (model)", _num("answer_accuracy_pct")),
+    ("preempted answer / think", _preemptions),
+    ("worst answer gap steps", _num("worst_answer_gap_steps")),
+)
+# From this width the two groups share one table.
+ONE_TABLE_FROM = 140
+
+
+def engine_text(report: SimReport) -> str:
+    """Which engine ran and how it schedules, in the words of the screen."""
+    mode = "asynchronous" if report.async_scheduling else "synchronous"
+    if report.engine == "vllm":
+        kind = "AsyncScheduler" if report.async_scheduling else "Scheduler"
+        return f"vLLM's own {kind} on virtual time ({mode} scheduling)"
+    if report.engine == "model":
+        return (
+            f"the fast engine model ({mode} scheduling only; the headline runs vLLM's "
+            "AsyncScheduler: --engine vllm)"
+        )
+    return "two live servers" if report.engine == "real" else report.engine
+
+
+def _table(
+    report: SimReport, columns: Sequence[tuple[str, Callable[[PolicySummary], str]]]
+) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    width = max(len(name) for name in report.policies)
+    table.add_column("policy", no_wrap=True, min_width=width)
+    for title, _ in columns:
+        table.add_column(title, justify="right", no_wrap=False, overflow="fold")
+    for name in report.policies:
+        s = report.summaries[name]
+        table.add_row(name, *(cell(s) for _, cell in columns))
+    return table
 
 
 def print_summary(console: Console, report: SimReport) -> None:
-    heading = f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}, "
-    heading += f"engine {report.engine}"
+    """The first screen: the run, the engine, the figures per policy, then what scheduling and
+    forcing each did with the other held equal, and where Meridian loses against the baselines
+    with its forcing."""
+    if is_bundled(report.workload):
+        load = f"{report.arrival_rate:g} req/s for {report.duration_s:g} s, seed {report.seed}"
+    else:
+        load = "the trace's own arrival times"
+    console.print(f"[bold]{report.workload}[/bold], {load}; {report.model} on {report.hardware}")
+    console.print(f"engine: {engine_text(report)}", highlight=False)
     if report.offered is not None:
-        heading += f"\n{describe(report.offered)}"
-    table = Table(title=heading)
-    table.add_column("policy")
-    for title, _ in _COLUMNS:
-        table.add_column(title, justify="right")
-    for name in report.policies:
-        s = report.summaries[name]
-        cells = [name, *(cell(s) for _, cell in _COLUMNS)]
-        table.add_row(*cells)
-    console.print(table)
+        console.print(describe(report.offered), highlight=False)
+    groups = [(*_LATENCY, *_WORK)] if console.width >= ONE_TABLE_FROM else [_LATENCY, _WORK]
+    for columns in groups:
+        console.print(_table(report, columns))
+    lines = effect_lines(report.summaries)
+    for line in lines:
+        console.print(line, highlight=False, markup=False)
+    losses = losses_of(report)
+    if losses is not None:
+        console.print(
+            "Where meridian loses (against the baselines with its forcing; ab-report.md has "
+            "every WIN and LOSS):",
+            highlight=False,
+        )
+        for line in losses or ["  nowhere on this run."]:
+            text = line.replace("**", "").replace("`", "").lstrip("- ")
+            console.print("  " + text, highlight=False, markup=False)
+    console.print()
+
+
+def hide_vllm_logs() -> None:
+    """vLLM's log lines below ERROR hidden, in this process and the ones it forks: its start-up
+    lines (Triton, the CPU backend's block size) say nothing about a simulated run. Call it
+    before vLLM is imported: its import-time warnings go to Python's last-resort handler, so the
+    ``vllm`` logger's level is set here, and vLLM's own logging config, which would reset it,
+    is turned off."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+def check_out_dir(path: Path, flag: str = "--out-dir") -> None:
+    """Fail before any work when ``path`` cannot become the output folder: it, or the first of
+    its parents that exists, is not a directory, or that directory is not writable."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == path else f"cannot be created: {existing} is"
+        raise MeridianError(f"{flag} {path} {what} not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise MeridianError(f"{flag} {path}: {existing} is not writable")
+
+
+def positive_number(flag: str, value: float) -> float:
+    """``value`` when it is a finite number above 0; else a one-line error naming ``flag``."""
+    if not (math.isfinite(value) and value > 0):
+        raise MeridianError(f"{flag} must be a number > 0; got {value:g}")
+    return value
 
 
 def check_args(args: argparse.Namespace) -> None:
     check_workload_args(args)
+    check_out_dir(args.out_dir)
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
         value = getattr(args, flag)
         if value is not None and value < 1:

@@ -32,7 +32,8 @@ def register(commands: Any) -> None:
     check.add_argument(
         "--model",
         metavar="NAME",
-        help="with --tokenizer: check only this model family (default: every family)",
+        help="check that this model family is defined; with --tokenizer resolve only its "
+        "boundaries (default: every family)",
     )
     check.set_defaults(handler=run_check)
 
@@ -45,10 +46,12 @@ def run_check(args: argparse.Namespace) -> int:
     effective: dict[str, Any] = config.model_dump(mode="json")
     effective["model"] = {n: m.model_dump(mode="json") for n, m in config.all_models().items()}
     effective["entropy"]["effective_eat_min_distance"] = config.entropy.effective_eat_min_distance
+    names = [args.model] if args.model else sorted(config.all_models())
+    if args.model:
+        config.model_definition(args.model)  # an unknown family: one line, before any output
     print(f"# config: {source}: OK")
     if args.tokenizer is not None:
         vocab = TokenizerJsonVocab.from_dir(args.tokenizer)
-        names = [args.model] if args.model else sorted(config.all_models())
         resolved: dict[str, Any] = {}
         for name in names:
             ids = resolve_boundary_ids(config.model_definition(name), vocab, name=name)

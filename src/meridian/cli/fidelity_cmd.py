@@ -25,19 +25,18 @@ from meridian.cli.common import (
     check_workload_args,
     make_console,
     make_progress,
+    positive_number,
     require_vllm,
     run_spec,
 )
 from meridian.config import load_config
-from meridian.errors import MeridianError
 
 
 def run_fidelity_cmd(args: argparse.Namespace) -> int:
     """Both engines, every policy; the fidelity table, reports, and 1 when a target is missed."""
     check_workload_args(args)
     check_args(args)
-    if not args.arrival_rate > 0:
-        raise MeridianError(f"--arrival-rate must be > 0; got {args.arrival_rate}")
+    positive_number("--arrival-rate", args.arrival_rate)
     spec = run_spec(args, load_config(args.config).config, engine="vllm", async_scheduling=False)
     require_vllm("vllm")
     requests = load_requests(spec, args.arrival_rate)

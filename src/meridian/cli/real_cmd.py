@@ -15,7 +15,14 @@ from meridian.bench.plots import write_plots
 from meridian.bench.report import SimReport, build_ab_report, write_ab_report, write_report
 from meridian.bench.simrun import SimRunSpec, load_requests
 from meridian.bench.workloads import is_bundled
-from meridian.cli.common import check_workload_args, make_console, make_progress, print_summary
+from meridian.cli.common import (
+    check_out_dir,
+    check_workload_args,
+    make_console,
+    make_progress,
+    positive_number,
+    print_summary,
+)
 from meridian.config import load_config
 from meridian.errors import MeridianError
 from meridian.sim.records import SimResult
@@ -90,9 +97,9 @@ def _real_report(
 
 def _real_requests(args: argparse.Namespace) -> list[RequestSpec]:
     """The workload of a real-mode run, with the optional think and prompt caps applied."""
-    if not args.arrival_rate > 0:
-        raise MeridianError(f"--arrival-rate must be > 0; got {args.arrival_rate}")
+    positive_number("--arrival-rate", args.arrival_rate)
     check_workload_args(args)
+    check_out_dir(args.out_dir)
     spec = SimRunSpec(workload=args.workload, duration_s=args.duration_s, seed=args.seed)
     requests = load_requests(spec, args.arrival_rate)
     if args.max_think_tokens is not None:

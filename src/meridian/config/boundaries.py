@@ -41,6 +41,11 @@ class ModelDefinition(BaseModel):
         "into the prompt, or the reasoning parser reads output as reasoning until think_end.",
     )
 
+    @property
+    def markers(self) -> tuple[str, str]:
+        """The strings that open and close the think phase."""
+        return (self.think_start, self.think_end)
+
     @field_validator("think_start", "think_end")
     @classmethod
     def _marker_not_empty(cls, value: str) -> str:

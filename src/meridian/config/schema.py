@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, model_validator
 
@@ -18,6 +19,12 @@ from meridian.errors import ConfigError
 # vLLM's gpu_memory_utilization default (vllm/config/cache.py, CacheConfig).
 AUTO_CAPACITY_FRACTION = 0.92
 U32_MAX = 2**32 - 1
+# vLLM counts tokens in 32-bit integers (token positions, max_model_len): a think cap above this
+# could never fire.
+MAX_THINK_TOKENS = 2**31 - 1
+# The largest KV block Meridian accepts, in tokens (vLLM's default is 16 on GPUs, 128 on CPUs;
+# a block of 65,536 tokens of an 8B model is about 10 GB, more than a tenth of an H100).
+MAX_BLOCK_SIZE_TOKENS = 2**16
 
 
 def _num(x: float) -> str:
@@ -55,6 +62,8 @@ _UNIT_OC_V, _UNIT_OC = _interval(0, 1, lo_open=True, hi_open=False)
 _U64_V, _U64 = _interval(0, None, lo_open=False, hi_open=True)
 _U64P_V, _U64P = _interval(1, None, lo_open=False, hi_open=True)
 _U32P_V, _U32P = _interval(1, U32_MAX, lo_open=False, hi_open=False)
+_THINK_CAP_V, _ = _interval(1, MAX_THINK_TOKENS, lo_open=False, hi_open=False)
+_BLOCK_V, _BLOCK = _interval(1, MAX_BLOCK_SIZE_TOKENS, lo_open=False, hi_open=False)
 _PACE_V, _PACE = _interval(0, 10_000, lo_open=False, hi_open=False)
 # Latency budgets in ms: a microsecond to an hour (a denormal budget rounds to 0 s).
 _BUDGET_MS_V, _BUDGET_MS = _interval(0.001, 3_600_000, lo_open=False, hi_open=False)
@@ -70,6 +79,8 @@ UnitOpenClosed = Annotated[float, _UNIT_OC_V]
 U64 = Annotated[int, _U64_V]
 PosU64 = Annotated[int, _U64P_V]
 PosU32 = Annotated[int, _U32P_V]
+ThinkCap = Annotated[int, _THINK_CAP_V]
+BlockTokens = Annotated[int, _BLOCK_V]
 
 
 def _auto_or_int(minimum: int, message: str) -> PlainValidator:
@@ -110,10 +121,10 @@ class SchedulerConfig(_Section):
     think_batch_multiplier: AtLeastOneFloat = _field(
         2.5, "Think rows per step may be up to this multiple of the output budget.", _GE1
     )
-    max_think_tokens: PosU64 = _field(
+    max_think_tokens: ThinkCap = _field(
         32768,
         "Hard cap: `</think>` is forced at this many think tokens.",
-        "(min_think_tokens, inf)",
+        f"(min_think_tokens, {MAX_THINK_TOKENS}]",
     )
     min_think_tokens: U64 = _field(
         512, "Floor: no entropy-driven force before this many think tokens.", _U64
@@ -170,7 +181,8 @@ class SchedulerConfig(_Section):
         "",
         "Text forced before `</think>` when the budget fires (like vLLM's reasoning_end_str), "
         "so the answer starts from a closing sentence; it counts as think tokens. Empty: "
-        "`</think>` alone.",
+        "`</think>` alone. It must not contain a think marker of any model family (bundled or "
+        "`[model.NAME]`): Meridian adds the marker itself.",
     )
 
     @model_validator(mode="after")
@@ -227,13 +239,23 @@ class KvMemoryConfig(_Section):
     """``[kv_memory]``: the KV cache's block shape and capacity."""
 
     block_size_bytes: PosU64 = _field(16384, "Bytes of one KV block.", _U64P)
-    block_size_tokens: PosU32 = _field(16, "Tokens of one KV block.", _U32P)
+    block_size_tokens: BlockTokens = _field(16, "Tokens of one KV block.", _BLOCK)
     capacity_bytes: CapacityBytes = _field(
         "auto",
         "KV capacity in bytes, or \"auto\": 92% of the device's memory (vLLM's "
         "gpu_memory_utilization default); the simulator takes the model's weights out.",
-        _U64P,
+        '"auto" or [2 x block_size_bytes, inf)',
     )
+
+    @model_validator(mode="after")
+    def _capacity_holds_blocks(self) -> KvMemoryConfig:
+        need = 2 * self.block_size_bytes
+        if self.capacity_bytes != "auto" and self.capacity_bytes < need:
+            raise ValueError(
+                f"capacity_bytes must hold at least 2 blocks of kv_memory.block_size_bytes "
+                f"({need} bytes); got {self.capacity_bytes}"
+            )
+        return self
 
     def resolve_capacity_bytes(self, device_memory_bytes: int | None) -> int:
         """The capacity in bytes; ``"auto"`` needs the device's memory size.
@@ -256,7 +278,28 @@ class TelemetryConfig(_Section):
 
     prometheus: bool = _field(True, "Register Meridian's metrics on the Prometheus registry.")
     otlp_enabled: bool = _field(False, "Export spans and metrics over OTLP/HTTP (the otel extra).")
-    otlp_endpoint: str = _field("http://127.0.0.1:4318", "OTLP/HTTP collector base URL.")
+    otlp_endpoint: str = _field(
+        "http://127.0.0.1:4318",
+        "OTLP/HTTP collector base URL (http:// or https:// and a host; checked when otlp_enabled).",
+    )
+
+    @model_validator(mode="after")
+    def _endpoint_is_a_url(self) -> TelemetryConfig:
+        if self.otlp_enabled and not _is_http_url(self.otlp_endpoint):
+            raise ValueError(
+                "otlp_endpoint must be an http:// or https:// URL with a host when "
+                f"telemetry.otlp_enabled is true; got {self.otlp_endpoint!r}"
+            )
+        return self
+
+
+def _is_http_url(text: str) -> bool:
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 (raises ValueError for a port out of range)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 class MeridianConfig(_Section):
@@ -270,6 +313,21 @@ class MeridianConfig(_Section):
         default_factory=dict,
         description="Model families by name; bundled definitions are merged underneath.",
     )
+
+    @model_validator(mode="after")
+    def _phrase_has_no_marker(self) -> MeridianConfig:
+        phrase = self.scheduler.force_transition_phrase
+        for marker in sorted({m for d in self.all_models().values() for m in d.markers}):
+            if marker in phrase:
+                families = ", ".join(
+                    name for name, d in sorted(self.all_models().items()) if marker in d.markers
+                )
+                raise ValueError(
+                    f"scheduler.force_transition_phrase must not contain {marker!r}, a think "
+                    f"marker of {families} (the phrase is forced before the think-end marker, "
+                    f"which Meridian adds itself); got {phrase!r}"
+                )
+        return self
 
     def model_definition(self, name: str) -> ModelDefinition:
         """The named model definition (a ``[model.NAME]`` table or a bundled one)."""
