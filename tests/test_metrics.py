@@ -369,6 +369,10 @@ def test_record_for_stream_and_on_token() -> None:
     assert r.answer_token_ns == [ns(2.0) + 3000, ns(2.0) + 4000, ns(2.0) + 5000]
     assert r.answer_token_step == [13, 14, 15]
     assert r.finish_ns is None  # the engine sets it
+    r.on_preempt(Phase.THINK)
+    r.on_preempt(Phase.THINK)
+    r.on_preempt(Phase.OUTPUT)
+    assert r.preemptions_by_phase == {Phase.THINK: 2, Phase.OUTPUT: 1}
     counters = RunCounters()
     counters.on_preempt(Phase.PREFILL)
     assert counters.preemptions_by_phase == {Phase.PREFILL: 1}

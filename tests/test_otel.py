@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from meridian.config.schema import TelemetryConfig
 from meridian.core.types import (
@@ -73,7 +74,11 @@ print("clean")
 
 
 def test_bad_endpoint_is_a_config_error() -> None:
-    config = TelemetryConfig(otlp_enabled=True, otlp_endpoint="127.0.0.1:4318")
+    # The config refuses it (naming the field); a config built without validation is refused
+    # when the tracer starts.
+    with pytest.raises(ValidationError, match=r"otlp_endpoint must be an http:// or https:// URL"):
+        TelemetryConfig(otlp_enabled=True, otlp_endpoint="127.0.0.1:4318")
+    config = TelemetryConfig.model_construct(otlp_enabled=True, otlp_endpoint="127.0.0.1:4318")
     with pytest.raises(ConfigError, match=r"telemetry.otlp_endpoint must be an http\(s\) URL"):
         make_tracer(config)
 

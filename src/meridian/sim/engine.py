@@ -393,6 +393,7 @@ class Engine:
         policy may take a request already scheduled this step)."""
         phase = req.phase
         self.counters.on_preempt(phase)
+        req.record.on_preempt(phase)
         self.policy.on_preempt(req)
         self.pool.free(req.request_id)
         restored = 0

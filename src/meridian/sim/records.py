@@ -42,6 +42,7 @@ class RequestRecord:
     answer_correct: bool | None = None
     answer_token_ns: list[int] = field(default_factory=list)
     answer_token_step: list[int] = field(default_factory=list)
+    preemptions_by_phase: dict[Phase, int] = field(default_factory=dict)
     num_recomputed_tokens: int = 0
 
     @classmethod
@@ -93,6 +94,10 @@ class RequestRecord:
                 self.first_answer_ns = now_ns
             self.answer_token_ns.append(now_ns)
             self.answer_token_step.append(step)
+
+    def on_preempt(self, phase: Phase) -> None:
+        """Count one preemption of this request, in ``phase``."""
+        self.preemptions_by_phase[phase] = self.preemptions_by_phase.get(phase, 0) + 1
 
     def pace_delivery(self, pace_ns: int) -> None:
         """Release answer tokens to the user no faster than one per ``pace_ns`` (a token

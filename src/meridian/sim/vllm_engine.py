@@ -409,6 +409,7 @@ class VllmEngine:
         for rid in output.preempted_req_ids:
             phase = self.phase(rid)
             self.counters.on_preempt(phase)
+            self._live[rid].record.on_preempt(phase)
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         tokens: list[tuple[_Live, int]] = []
