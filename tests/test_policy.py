@@ -224,6 +224,33 @@ def test_answer_streams_hold_rather_than_preempt_each_other() -> None:
     assert not policy.plan([*answers, t], step=4, num_free_blocks=0).skip
 
 
+def test_without_reasoning_the_engine_order_and_admission_stand() -> None:
+    # A model without reasoning: every request is an answer stream and Meridian's rules, which
+    # arbitrate between the phases, have nothing to decide. The scenes where it would hold an
+    # answer stream (the test above), admit by bounds and reorder the waiting queue: the
+    # engine's order and admission stand, and tracking goes on.
+    policy = MeridianPolicy(
+        ReasoningModel.without_reasoning(), SchedulerConfig(), block_size=4, capacity=64
+    )
+    assert policy.stands_aside
+    answers = [admitted(policy, f"o{i}", PLAIN_PROMPT) for i in range(4)]
+    for r in answers:
+        r.emit(policy, 9, 1)
+        r.num_computed_tokens = 4
+        r.output.append(9)
+        policy.observe_many([(r.request_id, [9])], 2)
+    plan = policy.plan(answers, step=3, num_free_blocks=1)
+    assert plan.order is answers and not plan.skip and not plan.victims
+    assert policy.stats.num_answer_holds == 0 and policy.num_tracked == 4
+    waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT, max_tokens=13) for i in range(40)]
+    assert policy.admissions([], waiting, 64) is None
+    for r in waiting[:3]:
+        policy.track(r.request_id, r.prompt)
+    policy.on_preempt("o3")
+    assert policy.waiting_order([*waiting[:3], answers[3]]) is None
+    assert not make_policy().stands_aside
+
+
 def test_answer_gaps_and_inferred_caps() -> None:
     policy = make_policy()
     r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))

@@ -27,6 +27,10 @@ engine could make room for an answer stream only by preempting another one; the 
 that need a fresh block nobody can give are skipped for a step instead (see
 :meth:`MeridianPolicy.plan`).
 
+A model without reasoning (no think boundaries) has one phase, so none of this applies: the
+policy stands aside (``stands_aside``), keeping the engine's order, preemption and admission,
+and only tracks and counts.
+
 The output budget (rows per step that keep answer streams within
 ``scheduler.output_tpot_budget_ms``) is a number, the whole batch, or ``"auto"``: measured from
 the decode-only steps the engine runs, timed by the injected clock
@@ -330,6 +334,12 @@ class MeridianPolicy:
         if block_size < 1 or capacity < 1:
             raise ValueError(f"block_size and capacity must be >= 1; got {block_size}, {capacity}")
         self.model = model
+        # A model without reasoning: every request is an answer stream, and every rule of the
+        # plan and of admission arbitrates between the phases (answers before thinking, thinking
+        # preempted first, an answer held rather than another preempted, room kept for growth
+        # while reasoning runs long). With one phase there is nothing to arbitrate: the engine's
+        # order, preemption and admission stand, as stock vLLM's; tracking and counting go on.
+        self.stands_aside = not model.has_boundaries
         self.block_size = block_size
         self.capacity = capacity
         self.clock = clock
@@ -881,6 +891,8 @@ class MeridianPolicy:
         changed keep the previous order and return ``running`` itself as the order
         (``stats.num_reordered_steps`` counts the others).
         """
+        if self.stands_aside:
+            return Plan(running, (), 0)
         now_time = self.clock()
         timed = self._timed_step
         if timed is not None:
@@ -1118,7 +1130,7 @@ class MeridianPolicy:
         preferred kind (reasoning: thinking from their prompt on; chat: the others), then the
         rest, each group in the engine's order."""
         reasoning_first = self._reasoning_first
-        if reasoning_first is None or len(waiting) < 2:
+        if reasoning_first is None or len(waiting) < 2 or self.stands_aside:
             return None
         states, think = self._states, Phase.THINK
         starved = self.clock() - self._max_wait_s
@@ -1159,7 +1171,7 @@ class MeridianPolicy:
         of them, when the running and waiting requests fit the cache together at their bounds
         (no projection can then save a preemption, and none is built).
         """
-        if self.admission != "headroom" or not waiting:
+        if self.admission != "headroom" or not waiting or self.stands_aside:
             return None
         lengths, bs = self.lengths, self.block_size
         if _bounds_fit(itertools.chain(running, waiting), num_blocks, bs):
