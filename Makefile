@@ -58,7 +58,7 @@ test-vllm: vllm-venv
 ## AsyncScheduler driving Meridian's policy and the simulator (no model needed).
 test-vllm-gpu: vllm-gpu-venv
 	MERIDIAN_REQUIRE_VLLM=1 MERIDIAN_EXPECT_VLLM=0.33.0 $(VLLM_GPU_VENV)/bin/python -m pytest -q \
-		tests/vllm_e2e/test_sim_vllm.py
+		tests/vllm_e2e/test_sim_vllm.py tests/vllm_e2e/test_scheduler_hooks.py
 
 ## Benchmark clients (GuideLLM) in their own environment, pinned in requirements-clients.lock
 ## (not needed by the tests; several GB, as GuideLLM pulls torch).

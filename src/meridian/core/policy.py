@@ -86,6 +86,7 @@ __all__ = [
     "PolicyListener",
     "PolicyStats",
     "RequestState",
+    "UntrackedRequestsError",
     "output_budget_setting",
 ]
 
@@ -117,6 +118,15 @@ def output_budget_setting(rows: int | Literal["auto"]) -> int | Literal["auto"] 
     (True, 'auto', 8)
     """
     return "auto" if rows == "auto" else (rows or None)
+
+
+class UntrackedRequestsError(KeyError):
+    """Tokens for requests the policy does not track (``request_ids``); the rest of the batch
+    was accounted. An adapter that knows the requests can track them and go on."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        super().__init__(f"tokens for requests Meridian does not track: {request_ids}")
+        self.request_ids = request_ids
 
 
 class EngineRequest(Protocol):
@@ -552,7 +562,7 @@ class MeridianPolicy:
         deltas that may end a think phase, first tokens and answer streams back from a stall
         take the per-request path, in the batch's order. Answer tokens are not fed to the
         router: a phase never changes once a request answers. A request not tracked does not
-        stop the others: the batch is applied, then ``KeyError`` names it.
+        stop the others: the batch is applied, then :class:`UntrackedRequestsError` names it.
 
         ``request_ids``: every request that got tokens at ``step``, for a caller that left the
         :meth:`continuing_streams` of ``step`` out of ``batch`` (their tokens need nothing but
@@ -774,7 +784,7 @@ class MeridianPolicy:
         for rid in others:
             self._after_events(rid, self.router.observe(rid, deltas[rid]), step)
         if unknown:
-            raise KeyError(f"tokens for requests Meridian does not track: {unknown}")
+            raise UntrackedRequestsError(unknown)
 
     def _after_events(self, rid: str, events: Sequence[PhaseEvent], step: int) -> None:
         """Phase events of a non-answering request's delta: stats, listener, rank, first answer.

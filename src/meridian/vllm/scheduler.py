@@ -53,6 +53,7 @@ from meridian.core.policy import (
     ADMISSION_CANDIDATES,
     MeridianPolicy,
     PolicyStats,
+    UntrackedRequestsError,
     output_budget_setting,
 )
 from meridian.core.types import ForceReason, Phase, PhaseEvent, Tier
@@ -447,12 +448,20 @@ class MeridianScheduler(Scheduler):
                     head = list(itertools.islice(self.waiting, ADMISSION_CANDIDATES))
                     if isinstance(self.waiting, deque):  # FCFS; a priority queue keeps its order
                         head = self.meridian_policy.reorder_waiting(self.waiting, head)
+                    # vLLM starts the requests that hold KV blocks (kv_holding_waiting: async
+                    # KV loads, paused streaming sessions) before the waiting queue.
+                    holding = self.kv_holding_waiting
+                    candidates = [*holding, *head] if holding else head
                     allowed = self.meridian_policy.admissions(
-                        self.running, head, pool.num_gpu_blocks - 1
+                        self.running, candidates, pool.num_gpu_blocks - 1
                     )
                     if allowed is not None:
-                        # vLLM admits while len(running) < max_num_active_reqs: for this call.
-                        self.max_num_active_reqs = min(active_cap, len(self.running) + allowed)
+                        # vLLM admits while len(running) plus its paused streaming sessions is
+                        # below max_num_active_reqs: for this call.
+                        self.max_num_active_reqs = min(
+                            active_cap,
+                            len(self.running) + self.num_waiting_for_streaming_input + allowed,
+                        )
             except Exception as exc:
                 self._policy_error("schedule", exc)
         overhead.num_steps += 1
@@ -526,10 +535,24 @@ class MeridianScheduler(Scheduler):
                 policy.observe_rows(
                     ids, [out.new_token_ids for out in outs if out.new_token_ids], step
                 )
+        except UntrackedRequestsError as exc:
+            self._adopt(exc.request_ids)
         except Exception as exc:
             self._policy_error("update_from_output", exc)
         finally:
             self.meridian_overhead.update_overhead_s += time.perf_counter() - start
+
+    def _adopt(self, request_ids: list[str]) -> None:
+        """Track live requests that got tokens without passing through ``add_request``, their
+        output so far included. vLLM adds requests only there, but its own tests fill
+        ``requests`` and ``running`` by hand; tracked now, they are Meridian's from the next
+        step on (a tracking error is still one)."""
+        clock = self.meridian_policy.clock()
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is not None and not request.is_finished():
+                self._new_requests.setdefault(rid, (request, clock))
+        self._track_new()
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
         with self._guarded("preempt_request", request.request_id):
