@@ -29,7 +29,7 @@ that need a fresh block nobody can give are skipped for a step instead (see
 
 A model without reasoning (no think boundaries) has one phase, so none of this applies: the
 policy stands aside (``stands_aside``), keeping the engine's order, preemption and admission,
-and only tracks and counts.
+and only tracks and counts (vLLM's own scheduler tests pass unchanged with it, docs/vllm.md).
 
 The output budget (rows per step that keep answer streams within
 ``scheduler.output_tpot_budget_ms``) is a number, the whole batch, or ``"auto"``: measured from
@@ -44,7 +44,7 @@ import itertools
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, KeysView, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
@@ -441,6 +441,11 @@ class MeridianPolicy:
     def num_tracked(self) -> int:
         """Requests tracked (added and not yet untracked)."""
         return len(self._states)
+
+    @property
+    def tracked_ids(self) -> KeysView[str]:
+        """The ids of the requests tracked (a live view)."""
+        return self._states.keys()
 
     def track(
         self,
