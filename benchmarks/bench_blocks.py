@@ -1,4 +1,4 @@
-"""Benchmark: preemption-victim ranking (``meridian.core.preemption.rank_victims``).
+"""Benchmark: preemption-victim ranking (``meridian.core.victims.rank_victims``).
 
 - ``rank_victims`` over 1,024 running requests (``Candidate`` tuples of all four
   ``VictimClass`` es, seeded), µs per call, for a typical need (4 victims), the cap at the
@@ -19,8 +19,8 @@ import random
 from collections.abc import Callable
 from operator import itemgetter
 
-from meridian.core.preemption import Candidate, VictimClass, rank_victims
 from meridian.core.types import Phase
+from meridian.core.victims import VICTIM_CLASS, Candidate, VictimClass, rank_victims
 from timing import seconds_per_call
 
 NUM_RUNNING = 1024
@@ -38,9 +38,7 @@ def candidates(rng: random.Random) -> list[Candidate]:
         phase = rng.choice([Phase.PREFILL, Phase.THINK, Phase.THINK, Phase.OUTPUT, Phase.OUTPUT])
         guarded = rng.random() < 0.1
         num_computed_tokens = rng.randrange(1, 200) * BLOCK_SIZE_TOKENS + rng.randrange(16)
-        out.append(
-            Candidate(f"req-{i}", VictimClass.of(phase, guarded=guarded), num_computed_tokens)
-        )
+        out.append(Candidate(f"req-{i}", VICTIM_CLASS[phase, guarded], num_computed_tokens))
     return out
 
 

@@ -19,8 +19,10 @@ import statistics
 import time
 
 from meridian.config.schema import SchedulerConfig
-from meridian.core.dual_queue import DualQueueScheduler
+from meridian.core.ordering import DualQueue
+from meridian.core.state import RequestState
 from meridian.core.types import Phase
+from meridian.sim.streams import SIM_FORMAT
 
 NUM_REQUESTS = 1024
 CAPACITY = 1024
@@ -31,15 +33,17 @@ TARGET_US = 1000.0
 SEED = 7
 
 
-def build() -> tuple[DualQueueScheduler, list[tuple[int, int]]]:
+def build() -> tuple[DualQueue, list[tuple[int, int]]]:
     """The scheduler under test and the baseline's shuffled (phase, arrival) tuples."""
     rng = random.Random(SEED)
-    scheduler = DualQueueScheduler(SchedulerConfig())
+    scheduler = DualQueue(SchedulerConfig())
     tuples: list[tuple[int, int]] = []
+    states: list[RequestState] = []
     for arrival in range(NUM_REQUESTS):
         phase = rng.choices([Phase.THINK, Phase.OUTPUT, Phase.PREFILL], [60, 35, 5])[0]
-        scheduler.add(f"req-{arrival}", phase)
+        states.append(RequestState(f"req-{arrival}", SIM_FORMAT, phase))
         tuples.append((int(phase), arrival))
+    scheduler.add_many(states)
     rng.shuffle(tuples)
     return scheduler, tuples
 
@@ -56,7 +60,6 @@ def main() -> int:
 
     pass_ns: list[int] = []
     sort_ns: list[int] = []
-    num_starving = 0
     # Interleave the two so that both see the same machine state (frequency, cache, noise).
     for _ in range(NUM_PASSES):
         t0 = time.perf_counter_ns()
@@ -66,20 +69,19 @@ def main() -> int:
         t2 = time.perf_counter_ns()
         pass_ns.append(t1 - t0)
         sort_ns.append(t2 - t1)
-        num_starving += plan.num_starving_served
     scheduler.check_integrity()
 
     pass_us = median_us(pass_ns)
     sort_us = median_us(sort_ns)
-    depths = scheduler.queue_depths()
     print(
         f"dual-queue schedule(): {NUM_REQUESTS} requests "
-        f"(output queue {depths[Phase.OUTPUT]}, think queue {depths[Phase.THINK]}), "
+        f"(output queue {scheduler.num_output_queued}, think queue {scheduler.num_think_queued}), "
         f"capacity {CAPACITY}, output budget {OUTPUT_BUDGET}"
     )
+    num_output, num_think = scheduler.last_served
     print(
-        f"  last plan: {plan.num_output} output + {plan.num_think} think served, "
-        f"{len(plan.deferred)} deferred; starving served per pass {num_starving / NUM_PASSES:.1f}"
+        f"  last plan: {num_output} output + {num_think} think served, "
+        f"{len(plan.deferred)} deferred"
     )
     print(f"  schedule pass      median {pass_us:8.1f} us  (of {NUM_PASSES})")
     print(f"  baseline sorted()  median {sort_us:8.1f} us  (1,024 (phase, arrival) tuples)")

@@ -18,7 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from meridian.config.schema import EntropyConfig
-from meridian.core.entropy import EntropyProbe, entropy_nats
+from meridian.core.entropy import entropy_nats
+from meridian.core.signals import EntropyProbe
 
 ROWS, VOCAB = 64, 151936
 REPEATS = 15

@@ -133,7 +133,7 @@ def main() -> None:
             f"   (run {wall:.1f} s; the median round)"
         )
     print(
-        f"policy errors: {scheduler.meridian_overhead.policy_errors}; ms are per step, of the "
+        f"policy errors: {scheduler.meridian_policy_errors}; ms are per step, of the "
         f"median of {args.rounds} rounds by ratio (after a warm-up run; 'rounds': the lowest and "
         "highest ratio); ratio = Meridian's total / vLLM's total; target: ratio < 0.05. "
         "'reordered' counts the steps that recomputed the order (a phase change, a new or "

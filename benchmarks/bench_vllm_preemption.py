@@ -90,6 +90,7 @@ def run_one(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     stats: dict[str, Any] = {
         **scheduler.meridian_stats.snapshot(),
         **asdict(scheduler.meridian_overhead),
+        "policy_errors": scheduler.meridian_policy_errors,
     }
     stats["wall_s"] = wall_s
     stats["cpu_s"] = cpu_s

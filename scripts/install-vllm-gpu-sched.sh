@@ -61,6 +61,10 @@ echo "import site; site.addsitedir('$base_site')" >"$own_site/$LAYER_PTH"
 
 echo "install-vllm-gpu-sched: installing the version pinned in $(basename "$LOCK") (--no-deps)"
 pip_ install --quiet --no-deps --require-hashes -r "$LOCK"
+# (its own site-packages first: the distribution's old name, if an earlier install left it)
+if [[ -n "$(ls -d "$own_site"/meridian-*.dist-info 2>/dev/null)" ]]; then
+    pip_ uninstall --quiet --yes meridian
+fi
 pip_ install --quiet --no-deps --no-build-isolation -e "$ROOT"
 
 VLLM_LOGGING_LEVEL=ERROR "$PY" -c "

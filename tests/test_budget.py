@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from meridian.config.schema import EntropyConfig, SchedulerConfig
 from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget, Signals
-from meridian.core.entropy import EatSource, EntropyProbe
+from meridian.core.signals import EatSource, EntropyProbe
 from meridian.core.types import ForceReason
 from meridian.errors import ConfigError
 
@@ -240,9 +240,9 @@ def test_property_floor_and_cap(
 
 def test_a_request_with_no_signals_costs_no_entropy_work() -> None:
     from meridian.core.forcing import ThinkForcer
-    from meridian.core.router import ReasoningModel
+    from meridian.core.format import ReasoningFormat
 
-    forcer = ThinkForcer(ReasoningModel(think_start=(3,), think_end=(4,)), policy())
+    forcer = ThinkForcer(ReasoningFormat(think_start=(3,), think_end=(4,)), policy())
     for key, signals in (("all", Signals.ALL), ("none", Signals.NONE)):
         forcer.add(key, prompt=[9, 3], output=[], budget=RequestBudget(signals=signals))
     assert forcer.wants_entropy("all") and not forcer.wants_entropy("none")
@@ -253,9 +253,9 @@ def test_a_request_back_with_its_output_view_resumes_its_probe() -> None:
     kept state back (tokens generated meanwhile are fed); another view, or one that lost
     tokens, is refused and changes nothing."""
     from meridian.core.forcing import ThinkForcer
-    from meridian.core.router import ReasoningModel
+    from meridian.core.format import ReasoningFormat
 
-    forcer = ThinkForcer(ReasoningModel(think_start=(3,), think_end=(4,)), policy())
+    forcer = ThinkForcer(ReasoningFormat(think_start=(3,), think_end=(4,)), policy())
     out = [7, 7]
     forcer.add("r", prompt=[9, 3], output=out, budget=None)
     for h in (0.5, 0.5):
@@ -267,7 +267,7 @@ def test_a_request_back_with_its_output_view_resumes_its_probe() -> None:
     out.append(7)
     assert forcer.resume("r", out)
     assert forcer._rows["r"].probe is probe and probe.num_tokens == 2
-    assert forcer.router.state("r").num_think_tokens == 3
+    assert forcer.state("r").num_think_tokens == 3
     del out[:]
     assert not forcer.resume("r", out)  # tokens taken back: start afresh
     forcer.check_integrity()
@@ -299,9 +299,9 @@ def test_the_batched_step_decides_as_the_per_key_one(
     do, whatever the tokens (think_start 3 and think_end 4 included), entropies and caps (0:
     forcing off)."""
     from meridian.core.forcing import ThinkForcer
-    from meridian.core.router import ReasoningModel
+    from meridian.core.format import ReasoningFormat
 
-    model = ReasoningModel(think_start=(3,), think_end=(4,))
+    model = ReasoningFormat(think_start=(3,), think_end=(4,))
     entropy = ENTROPY.model_copy(update={"eat_min_distance": eat_min_distance})
     floor = BudgetPolicy(SchedulerConfig(min_think_tokens=2, max_think_tokens=1000), entropy)
     forcers = [ThinkForcer(model, floor) for _ in range(2)]

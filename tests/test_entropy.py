@@ -13,13 +13,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from meridian.config.schema import EntropyConfig
-from meridian.core.entropy import (
-    EatSource,
-    EatTracker,
-    EntropyProbe,
-    RpdiTracker,
-    entropy_nats,
-)
+from meridian.core.entropy import entropy_nats
+from meridian.core.signals import EatSource, EatTracker, EntropyProbe, RpdiTracker
 
 ATOL = 1e-5
 

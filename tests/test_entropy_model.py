@@ -306,11 +306,11 @@ def test_calibration_aime_lengths() -> None:
 
 
 def test_detector_helper_matches_core_when_available(model: EntropyTraceModel) -> None:
-    entropy_mod = pytest.importorskip("meridian.core.entropy")
     from meridian.config.schema import EntropyConfig
+    from meridian.core.signals import EntropyProbe
 
     entropy, _settle, _ = model.sample(9000, np.random.default_rng(3))
-    probe = entropy_mod.EntropyProbe(EntropyConfig())
+    probe = EntropyProbe(EntropyConfig())
     core_eat = None
     core_rpdi = None
     for i, h in enumerate(entropy.tolist(), start=1):

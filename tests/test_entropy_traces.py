@@ -10,7 +10,7 @@ import pytest
 
 from meridian.bench import entropy_traces
 from meridian.bench.entropy_traces import comparison_markdown, simulated_traces, trace_stats
-from meridian.core.entropy import EatTracker
+from meridian.core.signals import EatTracker
 
 
 def test_docstring_examples() -> None:

@@ -82,7 +82,7 @@ def test_missing_otel_extra_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
     config = TelemetryConfig(otlp_enabled=True)
     with pytest.raises(
-        ConfigError, match=r"install the otel extra: pip install 'meridian\[otel\]'"
+        ConfigError, match=r"install the otel extra: pip install 'vllm-meridian\[otel\]'"
     ):
         make_tracer(config)
 

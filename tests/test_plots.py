@@ -1,9 +1,9 @@
-"""Plots: every PNG is written, is a real PNG of the expected size, and drawing stays fast."""
+"""Plots: every PNG is written and is a real PNG of the expected size (drawing time:
+``benchmarks/bench_plots.py``)."""
 
 from __future__ import annotations
 
 import struct
-import time
 from pathlib import Path
 
 import pytest
@@ -130,12 +130,6 @@ def test_sweep_plots(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_five_policies_of_2000_requests_plot_quickly(tmp_path: Path) -> None:
+def test_five_policies_of_2000_requests_plot(tmp_path: Path) -> None:
     runs = {p: run(p, 2000, 15 + 5 * i) for i, p in enumerate(POLICIES)}
-    write_plots({"meridian": runs["meridian"]}, tmp_path / "warm")  # font cache, imports
-    start = time.perf_counter()
-    paths = write_plots(runs, tmp_path / "big", SloSpec())
-    elapsed = time.perf_counter() - start
-    assert_pngs(paths, RUN_PLOTS)
-    # Target < 3 s; the bound leaves room for a loaded 2-core CI machine.
-    assert elapsed < 8.0, f"write_plots took {elapsed:.2f} s"
+    assert_pngs(write_plots(runs, tmp_path / "big", SloSpec()), RUN_PLOTS)

@@ -17,21 +17,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meridian.config import MeridianConfig, SchedulerConfig
+from meridian.core import admission as admission_module
 from meridian.core import headroom
-from meridian.core import policy as policy_module
 from meridian.core.budget import RequestBudget
+from meridian.core.format import ReasoningFormat
 from meridian.core.headroom import MIN_SAMPLES
+from meridian.core.output_budget import BUDGET_REFIT_STEPS
 from meridian.core.policy import (
-    BUDGET_REFIT_STEPS,
     READMIT_GUARD_STEPS,
     MeridianPolicy,
+    UntrackedRequestsError,
     output_budget_setting,
 )
-from meridian.core.router import ReasoningModel
 from meridian.core.types import EnterThink, ExitThink, ForceBudget, ForceReason, Phase, PhaseEvent
 
 START, END = 3, 4
-MODEL = ReasoningModel(think_start=(START,), think_end=(END,))
+MODEL = ReasoningFormat(think_start=(START,), think_end=(END,))
 THINK_PROMPT = [10, 11, START]
 PLAIN_PROMPT = [10, 11, 12]
 
@@ -55,10 +56,17 @@ class FakeRequest:
         return len(self.prompt)
 
     def emit(self, policy: MeridianPolicy, token: int, step: int) -> None:
-        """One decode step: the token is computed next step, as in vLLM."""
-        self.num_computed_tokens = self.num_tokens
-        self.output.append(token)
-        policy.observe_many([(self.request_id, [token])], step)
+        """One decode step of this request alone (:func:`emit_step`)."""
+        emit_step(policy, step, [(self, token)])
+
+
+def emit_step(policy: MeridianPolicy, step: int, tokens: list[tuple[FakeRequest, int]]) -> None:
+    """One engine step: each request's token (computed next step, as in vLLM), observed in one
+    call."""
+    for r, token in tokens:
+        r.num_computed_tokens = r.num_tokens
+        r.output.append(token)
+    policy.observe([r.request_id for r, _ in tokens], [[token] for _, token in tokens], step)
 
 
 class Clock:
@@ -89,8 +97,7 @@ def test_answers_first_and_newest_think_last() -> None:
     o1 = admitted(policy, "o1", THINK_PROMPT)
     t2 = admitted(policy, "t2", THINK_PROMPT)
     o2 = admitted(policy, "o2", PLAIN_PROMPT)
-    o1.emit(policy, END, 1)  # o1 leaves its think phase
-    o2.emit(policy, 9, 1)  # o2 never thinks: a plain answer
+    emit_step(policy, 1, [(o1, END), (o2, 9)])  # o1 leaves its think phase; o2 never thinks
     assert policy.phase("o2") is Phase.OUTPUT
     plan = policy.plan([t1, o1, t2, o2], step=2, num_free_blocks=10)
     assert ids(plan.order) == ["o1", "o2", "t1", "t2"]
@@ -105,8 +112,7 @@ def test_the_think_requests_with_the_least_work_are_the_first_victims() -> None:
     policy = make_policy()
     names = ("t1", "t2", "t3", "t4", "t5", "t6", "o1", "o2")
     reqs = [admitted(policy, rid, THINK_PROMPT) for rid in names]
-    for r in reqs[6:]:
-        r.emit(policy, END, 1)
+    emit_step(policy, 1, [(r, END) for r in reqs[6:]])
     for r, computed in zip(reqs, (40, 7, 90, 60, 12, 80, 5, 3), strict=True):
         r.num_computed_tokens = computed
     plan = policy.plan(reqs, step=2, num_free_blocks=10)
@@ -151,16 +157,23 @@ def test_surplus_think_requests_are_skipped_one_step() -> None:
 def test_the_order_is_planned_again_only_while_the_plan_defers() -> None:
     policy = make_policy(output_budget=1)  # think limit floor(2.5 * 1) = 2
     thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(3)]
-    policy.plan(thinks, step=1, num_free_blocks=10)
-    assert policy.stats.num_reordered_steps == 1 and policy.stats.num_deferred == 1
-    policy.plan(thinks, step=2, num_free_blocks=10)  # t2 is deferred again: a new plan
-    assert policy.stats.num_reordered_steps == 2 and policy.stats.num_deferred == 2
+    starvation_steps = SchedulerConfig().think_starvation_steps
+    # t2 is deferred, and every plan that defers is made again: its deferrals add up until the
+    # starvation guard serves it (and defers t1, the newest of the others, instead).
+    for step in range(1, starvation_steps + 1):
+        plan = policy.plan(thinks, step=step, num_free_blocks=10)
+        assert ids(plan.skip) == ["t2"] and plan.order is not thinks
+    plan = policy.plan(thinks, step=starvation_steps + 1, num_free_blocks=10)
+    assert ids(plan.skip) == ["t1"]
+    assert policy.stats.num_deferred == starvation_steps + 1
     policy.untrack("t2")
-    policy.plan(thinks[:2], step=3, num_free_blocks=10)  # both fit: nobody deferred
-    assert policy.stats.num_reordered_steps == 3 and policy.stats.num_deferred == 2
-    plan = policy.plan(thinks[:2], step=4, num_free_blocks=10)
-    assert ids(plan.order) == ["t0", "t1"]
-    assert policy.stats.num_reordered_steps == 3, "nothing changed: the fast path"
+    running = [thinks[0], thinks[1]]
+    plan = policy.plan(running, step=20, num_free_blocks=10)  # both fit: nobody deferred
+    assert not plan.skip and plan.order is not running and ids(plan.victims) == ["t1"]
+    # Nothing changed: the order set last time holds, and the running list is the plan.
+    plan = policy.plan(running, step=21, num_free_blocks=10)
+    assert plan.order is running and not plan.skip and ids(plan.victims) == ["t1"]
+    assert policy.stats.num_deferred == starvation_steps + 1
 
 
 def test_an_order_that_cannot_change_the_step_is_not_planned() -> None:
@@ -170,32 +183,32 @@ def test_an_order_that_cannot_change_the_step_is_not_planned() -> None:
     for r in (t1, o1, t2):
         r.output += [7, END if r is o1 else 7]
         r.num_computed_tokens = 4
-        policy.observe_many([(r.request_id, r.output)], 1)  # o1 answers now
     running = [t1, o1, t2]
+    policy.observe(ids(running), [r.output for r in running], 1)  # o1 answers now
+    # The engine's order is kept (no victims ranked), and the dual queue counts a step that
+    # served everyone: the answer stream and the two thinking requests.
     plan = policy.plan(running, step=2, num_free_blocks=3)
     assert plan.order is running and not plan.skip and plan.victims == []
-    assert policy.stats.num_reordered_steps == 0 and policy.stats.num_engine_order_steps == 1
-    assert policy.queues.last_batch_sizes == {Phase.OUTPUT: 1, Phase.THINK: 2}
+    assert policy.queue_gauges() == (1, 2, 1, 2)
     policy.check_integrity()
     # Two free blocks for three that need one: a preemption is possible, so the order is
     # planned: the answer first, the thinking request with the least KV last (the victim).
     t2.num_computed_tokens = 3
     t2.output.append(7)  # 3 computed of 6: 3 new tokens, still 1 block
     plan = policy.plan(running, step=3, num_free_blocks=2)
-    assert ids(plan.order) == ["o1", "t1", "t2"] and policy.stats.num_reordered_steps == 1
+    assert ids(plan.order) == ["o1", "t1", "t2"] and ids(plan.victims) == ["t2"]
     # The tokens count too: with ample blocks, a 20-token prefill beyond the budget of 16.
     long = FakeRequest("p", list(range(20, 40)))
     policy.track("p", long.prompt)
     plan = policy.plan([*running, long], step=4, num_free_blocks=100)
-    assert ids(plan.order)[0] == "o1" and policy.stats.num_reordered_steps == 2
+    assert ids(plan.order)[0] == "o1" and plan.victims
     policy.untrack("p")
     assert policy.plan(running, step=5, num_free_blocks=100).order is running
-    # Without a token budget (the default), every change is planned.
+    # Without a token budget (the default), every change is planned: victims are ranked.
     unbounded = make_policy()
     a, b = (admitted(unbounded, rid, THINK_PROMPT) for rid in ("a", "b"))
-    unbounded.plan([a, b], step=1, num_free_blocks=100)
-    assert unbounded.stats.num_reordered_steps == 1
-    assert unbounded.stats.num_engine_order_steps == 0
+    plan = unbounded.plan([a, b], step=1, num_free_blocks=100)
+    assert ids(plan.order) == ["a", "b"] and ids(plan.victims) == ["b"]
 
 
 def test_the_engine_order_is_kept_only_while_nobody_can_be_deferred() -> None:
@@ -204,17 +217,15 @@ def test_the_engine_order_is_kept_only_while_nobody_can_be_deferred() -> None:
     assert policy.plan(thinks, step=1, num_free_blocks=100).order is thinks
     thinks.append(admitted(policy, "t2", THINK_PROMPT))  # a third thinker: one is deferred
     plan = policy.plan(thinks, step=2, num_free_blocks=100)
-    assert ids(plan.skip) == ["t2"] and policy.stats.num_reordered_steps == 1
+    assert ids(plan.skip) == ["t2"] and plan.order is not thinks
 
 
 def test_answer_streams_hold_rather_than_preempt_each_other() -> None:
     policy = make_policy()
     answers = [admitted(policy, f"o{i}", PLAIN_PROMPT) for i in range(4)]
-    for r in answers:
-        r.emit(policy, 9, 1)  # computed 3 tokens, 4 in total: a decode at a block boundary
-        r.num_computed_tokens = 4
-        r.output.append(9)
-        policy.observe_many([(r.request_id, [9])], 2)
+    emit_step(policy, 1, [(r, 9) for r in answers])
+    # Computed 4 tokens, 5 in total: a decode at a block boundary.
+    emit_step(policy, 2, [(r, 9) for r in answers])
     answers[0].num_computed_tokens = 3  # this one still has room in its block
     answers[0].output.pop()
     plan = policy.plan(answers, step=3, num_free_blocks=1)
@@ -226,29 +237,33 @@ def test_answer_streams_hold_rather_than_preempt_each_other() -> None:
 
 def test_without_reasoning_the_engine_order_and_admission_stand() -> None:
     # A model without reasoning: every request is an answer stream and Meridian's rules, which
-    # arbitrate between the phases, have nothing to decide. The scenes where it would hold an
-    # answer stream (the test above), admit by bounds and reorder the waiting queue: the
-    # engine's order and admission stand, and tracking goes on.
+    # arbitrate between the phases, have nothing to decide. The scenes where a policy with
+    # reasoning holds an answer stream (the test above), admits by bounds and reorders the
+    # waiting queue: the engine's order and admission stand, and tracking goes on.
+    def scene(policy: MeridianPolicy) -> tuple[Any, int | None, Any]:
+        answers = [admitted(policy, f"o{i}", PLAIN_PROMPT) for i in range(4)]
+        for r in answers:
+            r.max_tokens = 13
+        emit_step(policy, 1, [(r, 9) for r in answers])
+        emit_step(policy, 2, [(r, 9) for r in answers])
+        plan = policy.plan(answers, step=3, num_free_blocks=1)
+        waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT, max_tokens=13) for i in range(40)]
+        allowed = policy.admissions(answers, waiting, 64)
+        for r in waiting[:3]:
+            policy.track(r.request_id, r.prompt)
+        policy.on_preempt("o3")
+        return plan, allowed, policy.waiting_order([*waiting[:3], answers[3]])
+
+    plan, allowed, order = scene(make_policy())  # the same scene, a model with reasoning
+    assert plan.skip and allowed is not None and order is not None
     policy = MeridianPolicy(
-        ReasoningModel.without_reasoning(), SchedulerConfig(), block_size=4, capacity=64
+        ReasoningFormat.without_reasoning(), SchedulerConfig(), block_size=4, capacity=64
     )
-    assert policy.stands_aside
-    answers = [admitted(policy, f"o{i}", PLAIN_PROMPT) for i in range(4)]
-    for r in answers:
-        r.emit(policy, 9, 1)
-        r.num_computed_tokens = 4
-        r.output.append(9)
-        policy.observe_many([(r.request_id, [9])], 2)
-    plan = policy.plan(answers, step=3, num_free_blocks=1)
-    assert plan.order is answers and not plan.skip and not plan.victims
-    assert policy.stats.num_answer_holds == 0 and policy.num_tracked == 4
-    waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT, max_tokens=13) for i in range(40)]
-    assert policy.admissions([], waiting, 64) is None
-    for r in waiting[:3]:
-        policy.track(r.request_id, r.prompt)
-    policy.on_preempt("o3")
-    assert policy.waiting_order([*waiting[:3], answers[3]]) is None
-    assert not make_policy().stands_aside
+    assert policy.stands_aside and not make_policy().stands_aside
+    plan, allowed, order = scene(policy)
+    assert not plan.skip and not plan.victims and ids(plan.order) == ["o0", "o1", "o2", "o3"]
+    assert allowed is None and order is None
+    assert policy.stats.num_answer_holds == 0 and policy.num_tracked == 7
 
 
 def test_answer_gaps_and_inferred_caps() -> None:
@@ -278,13 +293,87 @@ def test_inferred_caps_count_the_transition_phrase_and_forcing_off_never_counts(
     assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
 
 
+@settings(max_examples=80, deadline=None)
+@given(prompt_think=st.integers(0, 6), cap=st.integers(1, 6), transition_len=st.integers(0, 2))
+def test_the_forcer_and_the_policy_agree_on_a_prompt_whose_reasoning_started(
+    prompt_think: int, cap: int, transition_len: int
+) -> None:
+    """A prompt that opened the think block and holds ``prompt_think`` reasoning tokens (router
+    rule 5): they count toward the cap in the logits processor's forcer, which forces once the
+    reasoning reaches it (at once if the prompt's alone did), and the scheduler's policy, fed
+    the tokens the forcer let through, counts that same hard-cap force."""
+    from meridian.core.budget import BudgetPolicy
+    from meridian.core.forcing import ThinkForcer
+
+    prompt = [10, START, *([7] * prompt_think)]
+    budget = RequestBudget(max_think_tokens=cap)
+    transition = [20 + i for i in range(transition_len)]
+    forcer = ThinkForcer(MODEL, BudgetPolicy.static(100), transition=transition)
+    output: list[int] = []
+    forcer.add("r", prompt=prompt, output=output, budget=budget)
+    policy = make_policy(transition_len=transition_len)
+    r = admitted(policy, "r", prompt, budget=budget)
+    assert policy.state("r").num_prompt_think_tokens == prompt_think
+    for step in range(1, 20):
+        forcer.sync("r")
+        token = forcer.forced_token("r")
+        token = 7 if token is None else token
+        output.append(token)
+        r.emit(policy, token, step)
+        if token == END:
+            break
+    assert output.index(END) == max(0, cap - prompt_think) + transition_len
+    assert forcer.num_forced[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    # The generated think tokens, not the prompt's, are the think phase's length.
+    assert policy.stats.think_tokens_total == output.index(END)
+
+
 def test_tokens_of_an_untracked_request_are_named_after_the_batch() -> None:
     policy = make_policy()
-    r = admitted(policy, "r", PLAIN_PROMPT)
-    with pytest.raises(KeyError, match="ghost"):
-        policy.observe_many([("ghost", [9]), ("r", [9])], 1)
-    assert policy.state("r").phase_state.num_output_tokens == 1
-    del r
+    admitted(policy, "r", PLAIN_PROMPT)
+    with pytest.raises(UntrackedRequestsError, match="ghost") as info:
+        policy.observe(["ghost", "r", "spook"], [[9], [9], [9]], 1)
+    assert isinstance(info.value, KeyError) and info.value.request_ids == ["ghost", "spook"]
+    assert policy.state("r").num_output_tokens == 1  # the step was accounted all the same
+    assert policy.tokens_by_phase("r", 1) == (0, 1)
+
+
+def test_the_table_of_tracked_requests() -> None:
+    """What was the router's table: a tracked id cannot be tracked again until untracked;
+    unknown ids are ignored by untrack and raise KeyError when read; an id can be reused."""
+    policy = make_policy()
+    admitted(policy, "r", THINK_PROMPT)
+    with pytest.raises(ValueError, match="'r' is already tracked; untrack it first"):
+        policy.track("r", PLAIN_PROMPT)
+    assert policy.phase("r") is Phase.THINK, "the failed track changed nothing"
+    assert policy.num_tracked == 1 and list(policy.tracked_ids) == ["r"]
+    policy.untrack("never")
+    policy.untrack_many([("never", None), ("nor", 5)])
+    assert policy.num_tracked == 1
+    for read in (policy.phase, policy.state, policy.on_preempt):
+        with pytest.raises(KeyError, match="x"):
+            read("x")
+    assert policy.tokens_by_phase("x", 3) is None
+    policy.untrack("r")
+    policy.untrack("r")
+    assert policy.num_tracked == 0
+    with pytest.raises(KeyError):
+        policy.phase("r")
+    policy.track("r", PLAIN_PROMPT)  # the id can be reused after untrack: a new request
+    assert policy.phase("r") is Phase.PREFILL
+    assert policy.state("r").num_generated_tokens == 0
+    policy.check_integrity()
+
+
+def test_check_integrity_names_the_request_whose_state_is_broken() -> None:
+    policy = make_policy()
+    r = admitted(policy, "r", THINK_PROMPT)
+    r.emit(policy, 7, 1)
+    policy.check_integrity()
+    policy.state("r").num_think_tokens += 1
+    with pytest.raises(AssertionError, match="request 'r': think \\+ output"):
+        policy.check_integrity()
 
 
 class Recording:
@@ -395,8 +484,8 @@ def test_the_listener_hears_first_answers_and_answer_gaps_on_the_clock() -> None
     steps = {1: (0.0, [7], [9]), 2: (0.5, [END, 9], [9]), 3: (0.75, [9], [9]), 6: (2.0, [9], [])}
     for step, (now, t_toks, c_toks) in steps.items():
         clock.now = now
-        batch = [("t", t_toks)] + ([("c", c_toks)] if c_toks else [])
-        policy.observe_many(batch, step)
+        batch = {"t": t_toks, "c": c_toks} if c_toks else {"t": t_toks}
+        policy.observe(list(batch), list(batch.values()), step)
     # A first answer is reported for the request that reasoned only (a chat's is its TTFT);
     # so is the start of reasoning (once, at its first token).
     assert [e for e in listener.log if e[0] == "first answer"] == [("first answer", "t")]
@@ -410,28 +499,27 @@ def test_the_listener_hears_first_answers_and_answer_gaps_on_the_clock() -> None
 @given(
     st.lists(st.sets(st.integers(0, 5)), min_size=1, max_size=30),
     st.sets(st.integers(0, 29)),
-    st.booleans(),
 )
 def test_answer_gaps_match_each_streams_own_token_steps(
-    served: list[set[int]], quiet: set[int], steady_first: bool
+    served: list[set[int]], quiet: set[int]
 ) -> None:
     # Six answer streams; at step s + 1 the streams in served[s] get a token, except on quiet
-    # steps, where the engine delivers none (no observe_many call at all). Whatever the pattern,
-    # the gaps reported are each stream's own steps between two answer tokens; the same when
-    # each step goes to observe_steady first, as vLLM's adapter does (observe_many if refused).
+    # steps, where the engine delivers none (no observe call at all). Whatever the pattern, the
+    # gaps reported are each stream's own steps between two answer tokens.
     listener, clock = Recording(), Clock()
     policy = make_policy(listener=listener, clock=clock)
     steps: dict[str, list[int]] = {f"c{i}": [] for i in range(6)}
     for rid in steps:
         policy.track(rid, PLAIN_PROMPT)
+    last = 0
     for s, who in enumerate(served):
         step = s + 1
         if s in quiet or not who:
             continue
         clock.now = float(step)
         ids = [f"c{i}" for i in sorted(who)]
-        if not (steady_first and policy.observe_steady(ids, step)):
-            policy.observe_many({rid: [9] for rid in ids}, step)
+        policy.observe(ids, [[9]] * len(ids), step)
+        last = step
         for i in who:
             steps[f"c{i}"].append(step)
     gaps = [b - a for stamps in steps.values() for a, b in itertools.pairwise(stamps)]
@@ -445,91 +533,15 @@ def test_answer_gaps_match_each_streams_own_token_steps(
     for rid in steps:
         policy.untrack(rid)
     policy.check_integrity()
-    assert not policy._served and not policy._answered
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    st.lists(st.integers(-1, 25), min_size=1, max_size=8),
-    st.lists(
-        st.tuples(st.sets(st.integers(0, 7)), st.integers(1, 6), st.booleans(), st.booleans()),
-        min_size=1,
-        max_size=12,
-    ),
-    st.sampled_from([(START,), (START, 5, 6)]),
-)
-def test_the_adapters_protocol_accounts_as_the_whole_batch(
-    scripts: list[int], runs: list[tuple[set[int], int, bool, bool]], think_start: tuple[int, ...]
-) -> None:
-    # Request i follows scripts[i]: -1 answers at once (a chat); k in 0..12 thinks from its
-    # prompt and emits END as its k-th token; 13 + k generates think_start first (one token, or
-    # three: a prompt still deciding its phase for a while), then thinks, END k tokens later.
-    # Each run: the same requests get tokens for `length` steps (two tokens each on the run's
-    # first step when `double`; a reader asks every request's tokens by phase after the run
-    # when `read`). One policy gets each step's whole batch (observe_many); the other what
-    # vLLM's adapter sends: observe_steady first, and if refused observe_rows, which counts a
-    # steady batch's thinking rows in bulk. Phases, token counts, gaps, stats and what the
-    # listener hears are the same throughout.
-    model = ReasoningModel(think_start=think_start, think_end=(END,))
-    policies = {}
-    for mode in ("whole", "adapter"):
-        listener, clock = Recording(), Clock()
-        policy = MeridianPolicy(
-            model, SchedulerConfig(), block_size=4, capacity=64, listener=listener, clock=clock
-        )
-        policies[mode] = (policy, listener, clock)
-    rids = [f"r{i}" for i in range(len(scripts))]
-    for policy, _, _ in policies.values():
-        for rid, script in zip(rids, scripts, strict=True):
-            policy.track(rid, [10, 11, *think_start] if 0 <= script <= 12 else PLAIN_PROMPT)
-    emitted = dict.fromkeys(rids, 0)
-
-    def next_token(i: int) -> int:
-        j, script = emitted[rids[i]], scripts[i]
-        emitted[rids[i]] += 1
-        if script > 12:  # generated think_start first
-            if j < len(think_start):
-                return think_start[j]
-            j, script = j - len(think_start), script - 13
-        return END if j == script else 9
-
-    step = 0
-    for who, length, double, read in runs:
-        present = sorted(i for i in who if i < len(rids))
-        for k in range(length):
-            step += 1
-            if not present:
-                continue
-            batch = {
-                rids[i]: [next_token(i)] + ([next_token(i)] if double and k == 0 else [])
-                for i in present
-            }
-            for mode, (policy, _, clock) in policies.items():
-                clock.now = float(step)
-                ids = list(batch)
-                if mode == "whole":
-                    policy.observe_many(batch, step)
-                elif not policy.observe_steady(ids, step):
-                    policy.observe_rows(ids, list(batch.values()), step)
-        if read:
-            for rid in rids:
-                whole, adapter = (
-                    p.tokens_by_phase(rid, emitted[rid]) for p, _, _ in policies.values()
-                )
-                assert adapter == whole
-    (whole, heard, _), (adapter, told, _) = policies["whole"], policies["adapter"]
-    assert adapter.stats.snapshot() == whole.stats.snapshot()
-    for rid in rids:
-        assert adapter.phase(rid) is whole.phase(rid)
-        ours, theirs = adapter.state(rid).phase_state, whole.state(rid).phase_state
-        assert (ours.num_generated_tokens, ours.num_think_tokens, ours.num_marker_tokens) == (
-            theirs.num_generated_tokens,
-            theirs.num_think_tokens,
-            theirs.num_marker_tokens,
-        )
-    assert (told.log, told.gaps, told.think_ends) == (heard.log, heard.gaps, heard.think_ends)
-    for policy, _, _ in policies.values():
-        policy.check_integrity()
+    # Untracked streams are forgotten: the same ids tracked again are new streams, whose first
+    # tokens (the next step, or much later) continue no gap of their former selves.
+    heard_before, max_gap = list(listener.gaps), stats.max_answer_gap_steps
+    for rid in steps:
+        policy.track(rid, PLAIN_PROMPT)
+    for step, who in ((last + 1, ["c0", "c1", "c2"]), (last + 50, ["c3", "c4", "c5"])):
+        clock.now = float(step)
+        policy.observe(who, [[9]] * len(who), step)
+    assert listener.gaps == heard_before and stats.max_answer_gap_steps == max_gap
 
 
 def test_a_request_tracked_again_is_not_counted_as_its_former_self() -> None:
@@ -540,14 +552,11 @@ def test_a_request_tracked_again_is_not_counted_as_its_former_self() -> None:
     for rid in rids:
         policy.track(rid, THINK_PROMPT)
     for step in range(1, 6):
-        if not policy.observe_steady(rids, step):
-            policy.observe_rows(rids, [[9], [9]], step)
-    assert policy._rows is not None
+        policy.observe(list(rids), [[9], [9]], step)
     policy.untrack("t1")
     policy.track("t1", THINK_PROMPT)
     for step in range(6, 10):
-        if not policy.observe_steady(rids, step):
-            policy.observe_rows(rids, [[9], [9]], step)
+        policy.observe(list(rids), [[9], [9]], step)
     assert policy.tokens_by_phase("t0", 9) == (9, 0)
     assert policy.tokens_by_phase("t1", 4) == (4, 0)
     policy.check_integrity()
@@ -564,11 +573,10 @@ def test_a_steady_batch_counts_its_thinking_rows_in_bulk() -> None:
         policy.track(rid, THINK_PROMPT if rid != "c" else PLAIN_PROMPT)
     for step in range(1, 41):
         tokens = [[END] if rid == "t0" and step == 30 else [9] for rid in rids]
-        if not policy.observe_steady(rids, step):
-            policy.observe_rows(list(rids), tokens, step)
+        policy.observe(list(rids), tokens, step)
         if step == 20:
-            assert policy._rows is not None and policy._rows.pending > 10  # counted in bulk
             assert policy.tokens_by_phase("t1", 20) == (20, 0)
+            assert policy.state("t2").num_think_tokens == 20
     assert policy.tokens_by_phase("t0", 40) == (29, 10)
     assert policy.tokens_by_phase("t3", 40) == (40, 0)
     assert listener.think_ends == [(29, False)]
@@ -631,14 +639,15 @@ def test_a_budget_no_batch_can_meet_defers_nothing() -> None:
 def test_a_new_output_budget_replans_the_next_step() -> None:
     policy = make_policy(output_budget=None)
     reqs = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(6)]
-    policy.plan(reqs, 1, 100)
-    assert policy.stats.num_deferred == 0
-    before = policy.stats.num_reordered_steps
-    policy.plan(reqs, 2, 100)
-    assert policy.stats.num_reordered_steps == before  # nothing changed: the order is reused
+    assert not policy.plan(reqs, 1, 100).skip
+    plan = policy.plan(reqs, 2, 100)
+    assert plan.order is reqs and not plan.skip  # nothing changed: the order is reused
+    assert policy.output_budget is None
     policy.set_output_budget(1)  # think limit: floor(2.5 * 1) = 2 of 6 thinking requests
+    assert policy.output_budget == 1
     plan = policy.plan(reqs, 3, 100)
-    assert policy.stats.num_reordered_steps == before + 1 and len(plan.skip) == 4
+    assert plan.order is not reqs and len(plan.skip) == 4
+    assert policy.stats.num_deferred == 4
 
 
 def test_output_budget_setting() -> None:
@@ -765,7 +774,7 @@ def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for(
     policy = make_policy(admission="headroom")  # block size 4
     _teach(policy, MIN_SAMPLES, 40)
     assert policy.admissions([], [FakeRequest("w", PLAIN_PROMPT)], 40) is None
-    monkeypatch.setattr(policy_module, "MIN_REQUESTS_IN_CACHE", 1)
+    monkeypatch.setattr(admission_module, "MIN_REQUESTS_IN_CACHE", 1)
     policy = make_policy(admission="headroom")
     waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT) for i in range(5)]
     _teach(policy, MIN_SAMPLES, None)  # aborted requests teach nothing
@@ -793,7 +802,7 @@ def test_requests_that_fit_at_their_bounds_start_whatever_the_projection(
     # Finished requests were 40 tokens long: the projection holds 5 newcomers to 3 in 40 blocks
     # (the test above). Newcomers that may generate at most 4 tokens hold at most 2 blocks of 4
     # each: 5 of them and a running one fit 40 blocks at their bounds, so all start.
-    monkeypatch.setattr(policy_module, "MIN_REQUESTS_IN_CACHE", 1)
+    monkeypatch.setattr(admission_module, "MIN_REQUESTS_IN_CACHE", 1)
     policy = make_policy(admission="headroom")  # block size 4
     _teach(policy, MIN_SAMPLES, 40)
     short = [FakeRequest(f"s{i}", PLAIN_PROMPT, max_tokens=4) for i in range(5)]
@@ -841,7 +850,7 @@ def test_bounds_admit_before_the_length_model_and_never_overcommit() -> None:
     # ... and as long as the bounds: they still decide in a cache too small for the projection.
     policy = make_policy(admission="headroom")
     _teach(policy, MIN_SAMPLES, 13)
-    assert policy.lengths.ready and policy.admissions([], waiting, 64) == 12
+    assert policy.admission.lengths.ready and policy.admissions([], waiting, 64) == 12
 
 
 def test_paced_answer_streams_skip_steps_but_keep_their_pace() -> None:
@@ -857,12 +866,11 @@ def test_paced_answer_streams_skip_steps_but_keep_their_pace() -> None:
         plan = policy.plan([*answers, think], step, num_free_blocks=100)
         skipped = {r.request_id for r in plan.skip}
         assert "t" not in skipped and len(skipped) < 3
-        for r in answers:
-            if r.request_id not in skipped:
-                r.emit(policy, 9, step)
-                times[r.request_id].append(clock.now)
+        tokens = [(r, 9) for r in answers if r.request_id not in skipped]
+        for r, _ in tokens:
+            times[r.request_id].append(clock.now)
         served_think += 1
-        think.emit(policy, 7, step)
+        emit_step(policy, step, [*tokens, (think, 7)])
     assert policy.stats.num_paced > 0
     for stamps in times.values():
         gaps = np.diff(stamps[5:])  # once the mean step time has settled

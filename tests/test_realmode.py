@@ -152,6 +152,8 @@ def test_cli_writes_a_valid_report(server: str, tmp_path: Path) -> None:
     summary = report["summaries"]["server"]
     assert summary["num_finished"] == summary["num_requests"] > 0
     assert summary["output_itl_s"]["p50"] >= GAP_S * 0.5
+    assert report["offered"]["num_requests"] == summary["num_requests"]
+    assert report["offered"]["rate_req_s"] == summary["num_requests"] / 2
     assert (tmp_path / "cdf-ttfvt.png").exists()
 
 

@@ -10,11 +10,13 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from meridian.bench.ab import HEADLINE_METRICS, AbFlag, Direction, classify, delta_pct
 from meridian.bench.metrics import PolicySummary, SloSpec, summarize
+from meridian.bench.offered import NS_PER_S, offered_load
 from meridian.bench.report import (
     AbReport,
     ForcingSummary,
@@ -32,7 +34,7 @@ from meridian.bench.report import (
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import MeridianError
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
-from meridian.sim.request import RequestKind
+from meridian.sim.request import RequestKind, RequestSpec
 
 MS = 1_000_000
 POLICIES = ["meridian", "vllm-fcfs", "static-budget"]
@@ -495,3 +497,39 @@ def test_builder_matches_the_records_it_claims() -> None:
     assert s.output_itl_s.p50 == pytest.approx(0.0205)
     assert s.num_slo_met == 6 and s.num_finished == 6
     assert r.summaries["vllm-fcfs"].num_slo_met == 0
+
+
+def test_offered_load_of_generated_and_replayed_requests() -> None:
+    """A bundled workload's rate is its count over the run's duration; a trace's is taken
+    between its first and last arrival; the peak is the fullest 10-s bin."""
+    specs = [
+        RequestSpec(f"r{i}", t * NS_PER_S, 100, 50 * (i % 2), 20, kind)
+        for i, (t, kind) in enumerate(
+            [(0.0, RequestKind.CHAT), (1.0, RequestKind.REASONING), (1.5, RequestKind.CHAT),
+             (2.0, RequestKind.REASONING), (30.0, RequestKind.CHAT)]
+        )
+    ]  # fmt: skip
+    generated = offered_load(specs, duration_s=40.0)
+    assert (generated.num_requests, generated.num_reasoning) == (5, 2)
+    assert generated.rate_req_s == 5 / 40 and generated.peak_rate_req_s == 4 / 10
+    assert generated.think_tokens_mean == 50 and generated.answer_tokens_mean == 20
+    gaps = np.diff([0.0, 1.0, 1.5, 2.0, 30.0])
+    assert generated.interarrival_cv == pytest.approx(gaps.std() / gaps.mean(), rel=1e-5)
+    assert offered_load(specs, duration_s=None).rate_req_s == pytest.approx(4 / 30, rel=1e-5)
+    single = offered_load(specs[:1], duration_s=None)
+    assert single.rate_req_s is None and single.interarrival_cv is None
+    assert single.think_tokens_mean is None
+
+
+def test_reports_state_the_offered_load(tmp_path: Path) -> None:
+    load = offered_load([RequestSpec("r0", 0, 10, 0, 5, RequestKind.CHAT)], duration_s=2.0)
+    with_load = report(offered=load)
+    assert "Load: offered 1 requests (0 reasoning; 0.5 req/s" in render_markdown(with_load)
+    write_report(with_load, tmp_path)
+    assert load_report(tmp_path / "report.json", SimReport).offered == load
+    assert build_ab_report(with_load).offered == load
+    assert "Load:" not in render_markdown(report())  # a report that does not know it
+    sweep = build_sweep_report([report(2.0, offered=load), report(4.0, offered=load)])
+    write_sweep_report(sweep, tmp_path)
+    text = (tmp_path / "sweep-report.md").read_text()
+    assert "- at 2 requests/s: Load: offered 1 requests" in text

@@ -253,7 +253,7 @@ def test_the_engine_order_is_kept_only_where_it_changes_nothing() -> None:
 
 def test_headroom_admission_turns_preemption_into_queueing(monkeypatch: pytest.MonkeyPatch) -> None:
     # 250 blocks hold a few of these requests; headroom would stand aside (MIN_REQUESTS_IN_CACHE).
-    monkeypatch.setattr("meridian.core.policy.MIN_REQUESTS_IN_CACHE", 1)
+    monkeypatch.setattr("meridian.core.admission.MIN_REQUESTS_IN_CACHE", 1)
     specs = make_specs(300, seed=7, gap_s=0.01)
     stock = MeridianConfig(scheduler=SchedulerConfig(admission="vllm"))
     plain, unheld = run("meridian-sched", specs, blocks=250, seqs=32, config=stock)

@@ -18,7 +18,7 @@ from meridian.sim.streams import (
     FORCING_MERIDIAN,
     FORCING_OFF,
     NO_THINK_ID,
-    SIM_MODEL,
+    SIM_FORMAT,
     THINK_END_ID,
     THINK_START_ID,
     THINK_TOKEN_ID,
@@ -43,7 +43,7 @@ def test_a_reasoning_stream_thinks_closes_and_answers_then_ends() -> None:
     tokens = [stream.token_at(i) for i in range(stream.num_output_tokens)]
     assert tokens == [THINK_TOKEN_ID] * 3 + [THINK_END_ID] + [ANSWER_TOKEN_ID] * 4 + [EOS_ID]
     assert stream.prompt_tail() == (THINK_START_ID,)
-    assert SIM_MODEL.initial_phase(stream.prompt_token_ids(7)).name == "THINK"
+    assert SIM_FORMAT.initial_phase(stream.prompt_token_ids(7)).name == "THINK"
     assert stream.correct is True and stream.forced is None
 
 
@@ -53,7 +53,7 @@ def test_a_chat_stream_only_answers() -> None:
     assert tokens == [ANSWER_TOKEN_ID] * 3 + [EOS_ID]
     prompt = stream.prompt_token_ids(3)
     assert len(prompt) == 9 and prompt[-1] == NO_THINK_ID
-    assert SIM_MODEL.initial_phase(prompt).name == "OUTPUT"
+    assert SIM_FORMAT.initial_phase(prompt).name == "OUTPUT"
     assert stream.correct is None
 
 
@@ -100,7 +100,7 @@ def test_matched_static_cap_is_the_largest_cap_within_the_target() -> None:
 
 def _forcer_length(spec: RequestSpec, policy: BudgetPolicy) -> tuple[int, ForceReason | None]:
     """What the vLLM logits processor's ThinkForcer does over the same trace, token by token."""
-    forcer = ThinkForcer(SIM_MODEL, policy)
+    forcer = ThinkForcer(SIM_FORMAT, policy)
     out: list[int] = []
     forcer.add("k", prompt=[THINK_START_ID], output=out, budget=None)
     assert spec.think_entropy is not None

@@ -204,6 +204,24 @@ def test_output_critical_kv_eviction_counts_as_output_critical_eviction() -> Non
     assert sample(m, "meridian_output_critical_evictions_total") == 5
 
 
+def test_draft_tokens_land_by_phase_and_outcome() -> None:
+    """Speculative decoding's verified drafts: one series per phase (think, output) and
+    outcome (accepted, rejected), all at 0 from the start; PREFILL is not a label of its own."""
+    m = MeridianMetrics()
+    assert values("meridian_spec_decode_draft_tokens_total", "outcome") == {"accepted", "rejected"}
+    assert values("meridian_spec_decode_draft_tokens_total", "phase") == {"output", "think"}
+    m.count_draft_tokens(Phase.THINK, 5, 7)
+    m.count_draft_tokens(Phase.OUTPUT, 0, 3)
+    m.count_draft_tokens(Phase.THINK, 1, 0)
+    name = "meridian_spec_decode_draft_tokens_total"
+    assert sample(m, name, phase="think", outcome="accepted") == 6
+    assert sample(m, name, phase="think", outcome="rejected") == 7
+    assert sample(m, name, phase="output", outcome="accepted") == 0
+    assert sample(m, name, phase="output", outcome="rejected") == 3
+    with pytest.raises(ValueError, match="draft tokens"):
+        m.count_draft_tokens(Phase.PREFILL, 1, 1)
+
+
 def test_unsupported_phase_is_a_clear_error() -> None:
     m = MeridianMetrics()
     with pytest.raises(ValueError, match=r"THINK, OUTPUT; got <Phase\.PREFILL"):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from meridian.bench.sim_metrics import record_sim_result
 from meridian.config import MeridianConfig
 from meridian.core.types import ForceReason, Phase
 from meridian.sim.engine import Engine, EngineConfig
@@ -30,7 +31,6 @@ from meridian.telemetry.exporter import (
     stop_metrics_server,
 )
 from meridian.telemetry.metrics import MeridianMetrics
-from meridian.telemetry.sim_export import record_sim_result
 
 Families = dict[str, tuple[str, list[Sample]]]
 

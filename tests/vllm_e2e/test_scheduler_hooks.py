@@ -25,7 +25,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 from meridian.config import MeridianConfig
 from meridian.core.types import Phase
 from meridian.sim.engine import EngineConfig
-from meridian.sim.streams import EOS_ID, SIM_MODEL, THINK_START_ID
+from meridian.sim.streams import EOS_ID, SIM_FORMAT, THINK_START_ID
 from meridian.sim.vllm_engine import (
     build_vllm_config,
     kv_cache_config,
@@ -40,7 +40,7 @@ THINK_PROMPT = [11, 12, THINK_START_ID]
 def scheduler(tmp_path: Path, **engine: Any) -> MeridianScheduler:
     config = EngineConfig(**{"num_kv_blocks": 64, **engine})
     vllm_config = build_vllm_config(config, model_directory(tmp_path), priority=False)
-    runtime = MeridianRuntime(MeridianConfig(), None, "sim", SIM_MODEL, None, "test")
+    runtime = MeridianRuntime(MeridianConfig(), None, "sim", SIM_FORMAT, None, "test")
     return MeridianScheduler(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config(config),
@@ -68,7 +68,7 @@ def test_paused_streaming_sessions_do_not_use_up_what_headroom_admits(tmp_path: 
     sched.num_waiting_for_streaming_input = 2
     output = sched.schedule()
     assert sorted(output.num_scheduled_tokens) == ["r0", "r1", "r2", "r3"]
-    assert sched.meridian_overhead.policy_errors == 0
+    assert sched.meridian_policy_errors == 0
 
 
 def test_a_request_that_skipped_add_request_is_tracked_at_its_first_tokens(
@@ -96,7 +96,7 @@ def test_a_request_that_skipped_add_request_is_tracked_at_its_first_tokens(
     sched.update_from_output(
         step, ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0}, sampled_token_ids=[[7]])
     )
-    assert sched.meridian_overhead.policy_errors == 0
-    assert sched.meridian_num_tracked == 1 and sched.meridian_phase("r") is Phase.THINK
+    assert sched.meridian_policy_errors == 0
+    assert sched.meridian_num_tracked == 1 and sched.meridian_policy.phase("r") is Phase.THINK
     sched.finish_requests("r", RequestStatus.FINISHED_ABORTED)
     assert sched.meridian_num_tracked == 0

@@ -122,7 +122,7 @@ def test_headroom_admission_through_vllms_scheduler_cuts_preemption_and_recomput
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A squeezed cache holds few requests, where headroom stands aside: let it act.
-    monkeypatch.setattr("meridian.core.policy.MIN_REQUESTS_IN_CACHE", 1)
+    monkeypatch.setattr("meridian.core.admission.MIN_REQUESTS_IN_CACHE", 1)
     spec = dataclasses.replace(SMALL, duration_s=8.0)
     stock_admission = MeridianConfig(scheduler=SchedulerConfig(admission="vllm"))
     requests = load_requests(spec, spec.arrival_rate)
@@ -275,16 +275,16 @@ def test_one_policy_two_adapters_property(
     """Random workloads, cache sizes and batch shapes: vLLM's scheduler driving the policy
     (through ``MeridianScheduler``) and the fast engine driving the same policy produce the same
     run, request by request (headroom admission acting even in these small caches)."""
-    import meridian.core.policy
+    import meridian.core.admission
 
-    saved, meridian.core.policy.MIN_REQUESTS_IN_CACHE = (
-        meridian.core.policy.MIN_REQUESTS_IN_CACHE,
+    saved, meridian.core.admission.MIN_REQUESTS_IN_CACHE = (
+        meridian.core.admission.MIN_REQUESTS_IN_CACHE,
         1,
     )
     try:
         _two_adapters(seed, policy, blocks, seqs, batched)
     finally:
-        meridian.core.policy.MIN_REQUESTS_IN_CACHE = saved
+        meridian.core.admission.MIN_REQUESTS_IN_CACHE = saved
 
 
 def _two_adapters(seed: int, policy: str, blocks: int, seqs: int, batched: int) -> None:
@@ -364,3 +364,28 @@ def test_presets_hold_vllms_own_defaults(preset: str, memory_gib: int, device: s
     from vllm.config import CacheConfig
 
     assert CacheConfig().gpu_memory_utilization == defaults.gpu_memory_utilization
+
+
+def test_servegen_r1_runs_on_vllms_scheduler_as_on_the_fast_engine(tmp_path: Path) -> None:
+    """Production-shaped traffic (servegen-r1: bursty clients, long prompts, bimodal reasoning)
+    runs to completion on vLLM's scheduler step for step as on the fast engine, and through the
+    command (asynchronous scheduling, the default there) with byte-identical reports."""
+    spec = SimRunSpec(workload="servegen-r1", arrival_rate=3.0, duration_s=10.0, engine="vllm")
+    requests = load_requests(spec, spec.arrival_rate)
+    assert abs(len(requests) - 30) <= 4  # 3 req/s for 10 s, each client's count rounded
+    for policy in ("meridian", "vllm-fcfs"):
+        model, vllm = run_both(spec, policy, engine_config_for(spec), requests)
+        assert all(r.finished for r in vllm.records), policy
+        assert model.counters.num_steps == vllm.counters.num_steps, policy
+        assert [r.finish_ns for r in model.records] == [r.finish_ns for r in vllm.records]
+    args = ["bench", "sim", "--engine", "vllm", "--workload", "servegen-r1", "--no-plots"]
+    args += ["--duration-s", "5", "--arrival-rate", "2", "--policies", "meridian,vllm-fcfs"]
+    assert main([*args, "--out-dir", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out-dir", str(tmp_path / "b")]) == 0
+    a = (tmp_path / "a" / "report.json").read_bytes()
+    assert a == (tmp_path / "b" / "report.json").read_bytes()
+    report = load_report(tmp_path / "a" / "report.json", SimReport)
+    assert report.async_scheduling and report.offered is not None
+    sent = len(load_requests(dataclasses.replace(spec, duration_s=5.0), 2.0))
+    assert report.offered.num_requests == sent
+    assert all(s.num_finished == sent for s in report.summaries.values())

@@ -56,7 +56,7 @@ def test_scheduling_is_output_invariant(engine: Any, chat_prompt: Prompt) -> Non
         policy.max_step_tokens = None
         ours = token_ids(llm.generate(prompts, params, use_tqdm=False))
         assert scheduler.meridian_stats.num_reordered_steps > 0
-        assert scheduler.meridian_overhead.policy_errors == 0
+        assert scheduler.meridian_policy_errors == 0
         assert scheduler.meridian_num_tracked == 0
         assert sum(meridian_processor_of(llm).forcer.num_forced.values()) == 0
     assert ours == stock
@@ -82,7 +82,7 @@ def test_a_burst_is_tracked_at_the_next_step_and_an_early_abort_never(
         assert len(running) == 2 and all(policy.phase(rid) is Phase.THINK for rid in running)
         while core.has_unfinished_requests():
             core.step()
-        assert scheduler.meridian_overhead.policy_errors == 0
+        assert scheduler.meridian_policy_errors == 0
         assert scheduler.meridian_num_tracked == 0
         assert policy.lengths.mean_request_tokens > 0 and len(policy.lengths._sizes) == 2
         policy.check_integrity()
@@ -146,7 +146,7 @@ def test_a_tracking_error_fails_open_for_that_request_only(
         while core.has_unfinished_requests():
             finished.update(out.request_id for out in core.step() if out.finished)
         assert finished == {"bad-0", "ok-1"}
-        assert scheduler.meridian_overhead.policy_errors >= 1
+        assert scheduler.meridian_policy_errors >= 1
         assert scheduler.meridian_num_tracked == 0
         assert len(policy.lengths._sizes) == 1  # ok-1 was tracked to its end
 
@@ -178,7 +178,7 @@ def test_an_untracking_error_fails_open_for_that_request_only(
             assert not done or done == set(rids)  # the same length: one step, one batch
             finished |= done
         assert finished == set(rids)
-        assert scheduler.meridian_overhead.policy_errors == 1
+        assert scheduler.meridian_policy_errors == 1
         assert scheduler.meridian_num_tracked == 0
         assert policy.queues.num_output_queued == policy.queues.num_think_queued == 0
         assert len(policy.lengths._sizes) == len(rids)
@@ -270,6 +270,53 @@ def test_transition_phrase_before_the_forced_marker(
     timed("transition phrase", start)
 
 
+def test_a_clients_own_ban_of_the_end_marker_wins_over_the_budget(
+    engine: Any, chat_prompt: Prompt, tokenizer: Any, end_id: int
+) -> None:
+    """allowed_token_ids without </think>, or bad_words ["</think>"]: a forced </think> would
+    override the client's restriction (vLLM applies both before custom logits processors), so
+    that request's forcing is off: its tokens are those of forcing off, the processor counts it,
+    the scheduler infers no force. A request without a restriction is forced at its cap."""
+    start = time.perf_counter()
+    cap = 3
+    allowed = [t for t in range(len(tokenizer)) if t != end_id]
+    restrictions: list[dict[str, Any]] = [
+        {"allowed_token_ids": allowed},
+        {"bad_words": ["</think>"]},
+    ]
+    prompts = [chat_prompt(i) for i in range(len(restrictions))]
+
+    def params(forcing: str, **restriction: Any) -> SamplingParams:
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=24,
+            ignore_eos=True,
+            extra_args={"meridian_max_think_tokens": cap, "meridian_forcing": forcing},
+            **restriction,
+        )
+
+    with engine(meridian=True) as llm:
+        restricted = token_ids(
+            llm.generate(prompts, [params("on", **r) for r in restrictions], use_tqdm=False)
+        )
+        off = token_ids(
+            llm.generate(prompts, [params("off", **r) for r in restrictions], use_tqdm=False)
+        )
+        free = token_ids(llm.generate(prompts[:1], params("on"), use_tqdm=False))
+        processor = meridian_processor_of(llm)
+        scheduler = scheduler_of(llm)
+        forced = processor.forcer.num_forced[ForceReason.HARD_CAP]
+        inferred = scheduler.meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        num_restricted = getattr(processor.core, "num_restricted", None)
+        assert scheduler.meridian_policy_errors == 0
+    assert all(end_id not in out for out in restricted), restricted
+    assert restricted == off
+    assert free[0].index(end_id) == cap
+    assert forced == inferred == 1
+    assert num_restricted == len(restrictions)
+    timed("client restriction", start)
+
+
 def _pressure_workload(chat_prompt: Prompt, n: int, seed: int) -> tuple[list[str], list[Any]]:
     rng = random.Random(seed)
     prompts, params = [], []
@@ -296,7 +343,7 @@ def test_preemption_by_phase(engine: Any, chat_prompt: Prompt) -> None:
             print(f"{name}: {scheduler.meridian_stats.snapshot()}")
             gaps[name] = scheduler.meridian_stats.max_answer_gap_steps
             assert scheduler.meridian_num_tracked == 0
-            assert scheduler.meridian_overhead.policy_errors == 0
+            assert scheduler.meridian_policy_errors == 0
             scheduler.meridian_policy.check_integrity()
             assert [len(o) for o in outputs] == [p.max_tokens for p in params]
     assert results["stock"][Phase.OUTPUT] > 0, "the workload must make stock preempt answers"
@@ -323,7 +370,7 @@ def test_a_cold_burst_is_admitted_by_its_bounds(engine: Any, chat_prompt: Prompt
             stats[name] = scheduler.meridian_stats
             print(f"{name}: {stats[name].snapshot()}, {scheduler.cache_config.num_gpu_blocks}")
             assert scheduler.meridian_num_tracked == 0
-            assert scheduler.meridian_overhead.policy_errors == 0
+            assert scheduler.meridian_policy_errors == 0
     assert stats["stock"].num_preemptions[Phase.OUTPUT] > 0, "the burst must overcommit stock"
     assert stats["meridian"].num_bounded_holds > 0
     assert sum(stats["meridian"].num_preemptions.values()) == 0
@@ -357,7 +404,7 @@ def test_an_output_budget_defers_thinking_requests(
         scheduler = scheduler_of(llm)
         assert scheduler.meridian_policy.output_budget == 1
         assert scheduler.meridian_stats.num_deferred > 0
-        assert scheduler.meridian_overhead.policy_errors == 0
+        assert scheduler.meridian_policy_errors == 0
     assert ours == stock
     timed("output budget", start)
 
@@ -454,7 +501,7 @@ def test_an_entropy_stop_keeps_its_history_through_deferrals(
     sample of 8 tokens (think token 48's place), as in the entropy sweep, however often the
     chain was deferred (a probe restarted at each return stopped such chains late)."""
     from meridian.bench.reasoner_task import problems
-    from meridian.vllm.scheduler import ENV_OUTPUT_BUDGET_ROWS
+    from meridian.vllm.runtime import ENV_OUTPUT_BUDGET_ROWS
 
     config = tmp_path / "meridian.toml"
     config.write_text(

@@ -1,12 +1,12 @@
 # mypy: disable-error-code="import-not-found"
-"""Meridian's logits processors without an engine: entropy on torch, V1 and V2 batch handling."""
+"""Meridian's logits processors without an engine: entropy on torch, V1 batch handling (V2:
+test_vllm_logits_v2.py)."""
 
 from __future__ import annotations
 
 import math
 import os
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -22,12 +22,11 @@ from meridian.core.entropy import entropy_nats  # noqa: E402
 from meridian.core.types import ForceReason, Phase  # noqa: E402
 from meridian.vllm.logits import (  # noqa: E402
     MeridianLogitsProcessor,
-    MeridianLogitsProcessorV2,
     entropy_torch,
 )
 from meridian.vllm.runtime import RequestArgsError  # noqa: E402
 
-START, END = 3, 4
+START, END = 3, 4  # the tiny family's (conftest.py's tiny_runtime_env)
 VOCAB = 32
 PROMPT = [10, 11, START]
 
@@ -51,23 +50,6 @@ def test_entropy_torch_uniform_and_empty_rows() -> None:
     h = entropy_torch(torch.zeros(2, 16))
     assert h.tolist() == pytest.approx([math.log(16)] * 2, abs=1e-6)
     assert math.isnan(entropy_torch(torch.full((1, 4), float("-inf"))).item())
-
-
-@pytest.fixture
-def tiny_runtime_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A fake vLLM config whose runtime comes from $MERIDIAN_CONFIG/$MERIDIAN_MODEL only."""
-    config = tmp_path / "meridian.toml"
-    config.write_text(
-        "[model.tiny]\n"
-        'think_start = "<think>"\nthink_end = "</think>"\n'
-        f"think_start_token_ids = [{START}]\nthink_end_token_ids = [{END}]\n"
-        'reasoning_parser = "deepseek_r1"\n'
-    )
-    monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
-    monkeypatch.setenv("MERIDIAN_MODEL", "tiny")
-    return SimpleNamespace(
-        model_config=SimpleNamespace(skip_tokenizer_init=True), structured_outputs_config=None
-    )
 
 
 def params(**extra: Any) -> Any:
@@ -232,47 +214,6 @@ def test_v1_fails_open(tiny_runtime_env: Any) -> None:
     before = logits.clone()
     assert torch.equal(proc.apply(logits), before)
     assert proc.core.num_errors == 1
-
-
-@pytest.mark.skipif(MeridianLogitsProcessorV2 is None, reason="no V2 runner in this vLLM")
-def test_v2_forces_from_device_token_history(tiny_runtime_env: Any) -> None:
-    max_reqs, max_len = 4, 64
-    all_tokens = torch.zeros(max_reqs, max_len, dtype=torch.int32)
-    prompt_len = np.zeros(max_reqs, dtype=np.int32)
-    req_states = SimpleNamespace(
-        all_token_ids=SimpleNamespace(gpu=all_tokens), prompt_len=SimpleNamespace(np=prompt_len)
-    )
-    proc = MeridianLogitsProcessorV2(tiny_runtime_env, req_states)
-    slot = 2
-    all_tokens[slot, : len(PROMPT)] = torch.tensor(PROMPT)
-    prompt_len[slot] = len(PROMPT)
-    assert proc.add_request(slot, params(meridian_max_think_tokens=3))
-    tokens = list(PROMPT)
-    for _ in range(6):
-        pos = len(tokens) - 1
-        ctx = SimpleNamespace(
-            expanded_idx_mapping=torch.tensor([slot]),
-            pos=torch.tensor([pos]),
-            input_ids=torch.tensor([tokens[-1]]),
-        )
-        logits = torch.randn(1, VOCAB)
-        logits[0, [START, END]] = -50.0  # as in step_v1
-        chosen = int(proc.apply(logits, ctx)[0].argmax())
-        tokens.append(chosen)
-        all_tokens[slot, len(tokens) - 1] = chosen
-    output = tokens[len(PROMPT) :]
-    assert output[3] == END and output.count(END) == 1
-    assert proc.forcer.num_forced[ForceReason.HARD_CAP] == 1
-    # Resumed after preemption with 2 output tokens already: read from the device once.
-    all_tokens[1, :5] = torch.tensor([*PROMPT, 7, 7])
-    prompt_len[1] = len(PROMPT)
-    proc.add_request(1, params(meridian_max_think_tokens=2))
-    ctx = SimpleNamespace(
-        expanded_idx_mapping=torch.tensor([1]), pos=torch.tensor([4]), input_ids=torch.tensor([7])
-    )
-    logits = torch.zeros(1, VOCAB)
-    proc.apply(logits, ctx)
-    assert int(torch.isfinite(logits[0]).sum()) == 1 and logits[0, END] == 0
 
 
 def test_v1_entropy_convergence_forces_and_is_counted(tiny_runtime_env: Any) -> None:

@@ -17,7 +17,13 @@ import pytest
 pytest.importorskip("vllm.sampling_params")
 httpx = pytest.importorskip("httpx")
 
-from conftest import STARTUP_TIMEOUT_S, bench_accuracy, meridian_server, metric_value  # noqa: E402
+from conftest import (  # noqa: E402
+    STARTUP_TIMEOUT_S,
+    bench_accuracy,
+    meridian_server,
+    metric_value,
+    post_counted,
+)
 
 MAX_THINK = 12
 
@@ -148,6 +154,80 @@ def test_knobs_over_http_behave_as_documented(server: str, tiny_model: Path) -> 
     assert resp.status_code == 400, resp.text
     assert "meridian_max_think_tokens must be a positive integer; got true" in resp.text
     assert chat({"meridian_max_think_tokens": 4}).status_code == 200
+
+
+def test_every_route_that_takes_vllm_xargs_refuses_a_bool_cap(
+    server: str, tiny_model: Path
+) -> None:
+    """Not only /completions and /chat/completions: each route that takes vllm_xargs answers a
+    JSON true cap with a 400 (vLLM would read it as a cap of 1) and serves a numeric one."""
+    model = str(tiny_model)
+    chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    completion = {"model": model, "prompt": "hi", "max_tokens": 4}
+    routes = {
+        "/v1/chat/completions": chat,
+        "/v1/completions": completion,
+        "/v1/chat/completions/batch": {**chat, "messages": [chat["messages"]] * 2},
+        "/v1/messages": chat,  # Anthropic's: model, messages, max_tokens
+        "/v1/responses": {"model": model, "input": "hi", "max_output_tokens": 4},
+        "/invocations": chat,  # SageMaker's: a chat (or completion) body
+    }
+    for path, body in routes.items():
+        bad = {**body, "vllm_xargs": {"meridian_max_think_tokens": True}}
+        resp = httpx.post(f"{server}{path}", json=bad, timeout=60)
+        assert resp.status_code == 400, (path, resp.text)
+        assert "meridian_max_think_tokens must be a positive integer; got true" in resp.text
+        good = {**body, "vllm_xargs": {"meridian_max_think_tokens": 4}}
+        resp = httpx.post(f"{server}{path}", json=good, timeout=60)
+        assert resp.status_code == 200, (path, resp.text)
+
+
+def test_a_body_nested_too_deep_is_a_400_with_or_without_a_knob(server: str) -> None:
+    """5,000 nested arrays: vLLM answers 400; the knob check (the body mentions meridian_) must
+    not turn that into a 500 with a RecursionError traceback."""
+    for key in (b"meridian_forcing", b"other_plugin"):
+        body = b'{"model": "m", "prompt": "hi", "vllm_xargs": {"' + key + b'": '
+        body += b"[" * 5000 + b"]" * 5000 + b"}}"
+        resp = httpx.post(
+            f"{server}/v1/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+        assert resp.status_code == 400, (key, resp.status_code, resp.text[:300])
+        assert "There was an error parsing the body" in resp.text  # FastAPI's, as vLLM sends it
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+
+
+def test_a_raw_prompt_whose_reasoning_started_is_capped_and_counted_as_thinking(
+    server: str, tiny_model: Path, tokenizer: Any, end_id: int
+) -> None:
+    """A completion prompt ending "<think>\n20 7;": the reasoning started in the prompt. Its
+    think tokens count toward the cap (as vLLM's thinking_token_budget counts them), so
+    </think> is forced after cap - 3 generated ones, which /metrics counts as think tokens."""
+    cap = 8
+    head = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "what is 20 + 7?"}], tokenize=False, add_generation_prompt=True
+    )
+    assert head.endswith("<think>\n")
+    reasoning = tokenizer("20 7;", add_special_tokens=False).input_ids
+    prompt = tokenizer(head, add_special_tokens=False).input_ids + reasoning
+    body = {
+        "model": str(tiny_model),
+        "prompt": prompt,
+        "max_tokens": 24,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "vllm_xargs": {"meridian_max_think_tokens": cap},
+    }
+    data, delta = post_counted(server, "/v1/completions", body)
+    tokens = data["choices"][0]["token_ids"]
+    print(f"prompt reasoning {len(reasoning)} tokens; output {tokens}; counters {delta}")
+    assert tokens.index(end_id) == cap - len(reasoning)
+    assert delta["exits"] == 1 and delta["forces"] == 1
+    assert delta["think"] == cap - len(reasoning)
+    assert delta["answer"] == len(tokens) - delta["think"] - 1
 
 
 def test_bench_real_against_the_server_writes_a_valid_report(

@@ -14,7 +14,7 @@ Meridian's own test runs). ``$MERIDIAN_PEER_MODE`` chooses:
 
 What Meridian must hold across the whole suite is checked at every ``update_from_output`` and
 at each test's teardown, and recorded (``violations``), not asserted inside vLLM's test: the
-fail-open error counter (``meridian_overhead.policy_errors``) stays 0, and every request
+fail-open error counter (``meridian_policy_errors``) stays 0, and every request
 Meridian tracks (or is about to) is a live request of the scheduler.
 
 The report (``$MERIDIAN_PEER_REPORT``, JSON) holds per test: the outcome, how many Meridian
@@ -77,9 +77,9 @@ def _check(scheduler: Any, where: str) -> None:
         return
     from meridian.core.types import Phase
 
-    errors = scheduler.meridian_overhead.policy_errors
+    errors = scheduler.meridian_policy_errors
     if errors:
-        record.violations.append(f"{where}: meridian_overhead.policy_errors = {errors}")
+        record.violations.append(f"{where}: meridian_policy_errors = {errors}")
     policy = scheduler.meridian_policy
     tracked = set(policy.tracked_ids) | set(scheduler._new_requests)
     outliving = sorted(tracked - set(scheduler.requests))

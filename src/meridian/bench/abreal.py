@@ -2,8 +2,9 @@
 
 Each side is a real OpenAI server on 127.0.0.1 started by this process and stopped after its
 run. The stock side is vLLM's own order (through
-:class:`~meridian.vllm.scheduler.MeridianShadowScheduler`, which keeps vLLM's order and only
-counts, so preemptions by phase can be compared) with no logits processor: no forcing. The
+:class:`~meridian.vllm.scheduler.MeridianShadowScheduler`, or its asynchronous twin where vLLM
+schedules asynchronously: it keeps vLLM's order and only counts, so preemptions by phase can be
+compared) with no logits processor: no forcing. The
 Meridian side is exactly what ``meridian serve`` starts. After each run the server's ``/metrics``
 is scraped for preemptions by phase.
 """
@@ -30,6 +31,7 @@ from meridian.core.types import Phase
 from meridian.errors import MeridianError
 from meridian.sim.records import SimResult
 from meridian.sim.request import RequestSpec
+from meridian.vllm.resolve import EngineResolution
 
 STOCK = "vllm-fcfs"
 CANDIDATE = "meridian"
@@ -50,6 +52,9 @@ class AbRealSpec:
     # The stock side keeps Meridian's logits processor (the same forcing on both sides, e.g.
     # a server-wide think cap) instead of running without one.
     stock_forcing: bool = False
+    # vLLM's resolution of the engine arguments (runner, scheduling mode): both sides' scheduler
+    # class and processor follow it. None: resolved from ``model`` and ``vllm_args`` when needed.
+    engine: EngineResolution | None = None
 
 
 def free_port() -> int:
@@ -64,7 +69,7 @@ def server_command(
     side: str, spec: AbRealSpec, port: int, metrics_dir: Path
 ) -> tuple[list[str], dict[str, str]]:
     """argv and environment of one side's server."""
-    from meridian.vllm import SHADOW_SCHEDULER_CLS
+    from meridian.vllm.resolve import resolve_engine
     from meridian.vllm.serve import build_serve_argv
 
     args = ["--host", "127.0.0.1", "--port", str(port), *spec.vllm_args]
@@ -72,17 +77,16 @@ def server_command(
         spec.model,
         args,
         spec.config,
+        engine=spec.engine or resolve_engine(spec.model, spec.vllm_args),
         config_path=spec.config_path,
         model_family=spec.model_family,
         metrics_dir=metrics_dir,
+        shadow=side == STOCK,
     )
     argv = list(cmd.argv)
-    if side == STOCK:
-        i = argv.index("--scheduler-cls")
-        argv[i + 1] = SHADOW_SCHEDULER_CLS
-        if "--logits-processors" in argv and not spec.stock_forcing:
-            j = argv.index("--logits-processors")
-            del argv[j : j + 2]
+    if side == STOCK and "--logits-processors" in argv and not spec.stock_forcing:
+        j = argv.index("--logits-processors")
+        del argv[j : j + 2]
     return argv, cmd.env
 
 

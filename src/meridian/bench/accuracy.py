@@ -74,7 +74,7 @@ from meridian.bench.eat_probe import (
 from meridian.bench.metrics import percentiles
 from meridian.bench.realmode import KEEPALIVE_S, MAX_RETRIES, RETRYABLE, require_server
 from meridian.config.schema import EntropyConfig
-from meridian.core.entropy import EatTracker
+from meridian.core.signals import EatTracker
 from meridian.errors import MeridianError
 
 __all__ = [

@@ -6,7 +6,7 @@ traces to the quantities the simulator's entropy model (:mod:`meridian.bench.ent
 has parameters for: the level, the transition-token rate, how much interval means wander (from
 one 32-token interval to the next, and within a chain), and where in a chain entropy sits (the
 first token of a reasoning step, the last tokens before ``</think>``). The EAT stream proxy's
-EMA variance is computed by the core tracker itself (:class:`~meridian.core.entropy.EatTracker`),
+EMA variance is computed by the core tracker itself (:class:`~meridian.core.signals.EatTracker`),
 so "which variance threshold would fire" is read off the detector that ships.
 
 :func:`simulated_traces` draws the entropy model's traces at given chain lengths, so that both
@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from meridian.bench.entropy_model import EntropyModelParams, EntropyTraceModel
 from meridian.bench.metrics import percentiles
-from meridian.core.entropy import EatTracker
+from meridian.core.signals import EatTracker
 
 __all__ = ["TraceStats", "comparison_markdown", "simulated_traces", "trace_stats"]
 

@@ -42,6 +42,7 @@ from meridian.bench.ab import (
     compare,
 )
 from meridian.bench.metrics import PolicySummary, Sig6, SloSpec
+from meridian.bench.offered import OfferedLoad, describe
 from meridian.errors import MeridianError
 
 CANDIDATE = "meridian"
@@ -110,6 +111,7 @@ class SimReport(_RunParameters):
     """
 
     arrival_rate: Sig6
+    offered: OfferedLoad | None = Field(default=None, description="What the requests were.")
     summaries: dict[str, PolicySummary]
     static_cap: int | None = None
     forcing: list[ForcingSummary] = Field(default_factory=list)
@@ -131,6 +133,7 @@ class AbReport(_RunParameters):
     """The candidate against each baseline on :data:`~meridian.bench.ab.HEADLINE_METRICS`."""
 
     arrival_rate: Sig6
+    offered: OfferedLoad | None = None
     candidate: str
     baselines: list[str]
     flat_below_pct: float = FLAT_BELOW_PCT
@@ -144,6 +147,7 @@ class SweepPoint(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     arrival_rate: Sig6
+    offered: OfferedLoad | None = None
     goodput_req_s: dict[str, Sig6 | None]
     output_itl_p99_s: dict[str, Sig6 | None]
     summaries: dict[str, PolicySummary]
@@ -178,6 +182,7 @@ def build_ab_report(
     return AbReport(
         **_run_parameters(report),
         arrival_rate=report.arrival_rate,
+        offered=report.offered,
         candidate=candidate,
         baselines=chosen,
         rows=compare(report.summaries, candidate, chosen),
@@ -206,6 +211,7 @@ def build_sweep_report(reports: Sequence[SimReport]) -> SweepReport:
     points = [
         SweepPoint(
             arrival_rate=r.arrival_rate,
+            offered=r.offered,
             goodput_req_s={p: s.goodput_req_s for p, s in r.summaries.items()},
             output_itl_p99_s={p: s.output_itl_s.p99 for p, s in r.summaries.items()},
             summaries=r.summaries,
@@ -388,6 +394,11 @@ def _header(title: str, params: _RunParameters, rate_text: str) -> list[str]:
     ]
 
 
+def _offered_lines(offered: OfferedLoad | None) -> list[str]:
+    """The load the requests offered, when the report knows it."""
+    return [] if offered is None else [f"Load: {describe(offered)}.", ""]
+
+
 def _summary_table(policies: Sequence[str], summaries: dict[str, PolicySummary]) -> list[str]:
     rows: list[list[str]] = []
     for label, unit, scale, read in _SUMMARY_ROWS:
@@ -434,6 +445,7 @@ def render_markdown(report: SimReport) -> str:
         report,
         f"arrival rate {fmt(report.arrival_rate)} requests/s",
     )
+    lines += _offered_lines(report.offered)
     lines += ["## Summary", "", *_summary_table(report.policies, report.summaries), ""]
     if report.forcing:
         lines += _forcing_section(report)
@@ -502,6 +514,7 @@ def render_ab_markdown(ab: AbReport) -> str:
         ab,
         f"arrival rate {fmt(ab.arrival_rate)} requests/s",
     )
+    lines += _offered_lines(ab.offered)
     lines += [
         f"Δ is `{ab.candidate}`'s change against each baseline: (candidate − baseline) / baseline.",
         "",
@@ -531,6 +544,12 @@ def render_sweep_markdown(sweep: SweepReport) -> str:
     """``sweep-report.md``: goodput and output ITL P99 against arrival rate, and the losses."""
     rates = ", ".join(fmt(r) for r in sweep.arrival_rates)
     lines = _header("Meridian arrival-rate sweep", sweep, f"arrival rates {rates} requests/s")
+    lines += [
+        f"- at {fmt(pt.arrival_rate)} requests/s: {_offered_lines(pt.offered)[0]}"
+        for pt in sweep.points
+        if pt.offered is not None
+    ]
+    lines += [""] if any(pt.offered is not None for pt in sweep.points) else []
     policies = sweep.policies
     for title, unit, scale, table_of in _SWEEP_TABLES:
         rows = [

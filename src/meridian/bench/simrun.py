@@ -17,9 +17,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from meridian.bench.metrics import SloSpec, summarize
+from meridian.bench.offered import offered_load
 from meridian.bench.report import ForcingSummary, SimReport
 from meridian.bench.traces import read_trace
-from meridian.bench.workloads import WORKLOADS, WorkloadParams, generate_workload
+from meridian.bench.workloads import WORKLOADS, WorkloadParams, generate_workload, is_bundled
 from meridian.config.schema import MeridianConfig
 from meridian.errors import ConfigError, MeridianError
 from meridian.sim.engine import Engine, EngineConfig
@@ -100,7 +101,7 @@ class SimRunSpec:
 
 def load_requests(spec: SimRunSpec, arrival_rate: float) -> list[RequestSpec]:
     """The workload's requests: a bundled generator by name, or a JSONL trace file by path."""
-    if spec.workload in WORKLOADS:
+    if is_bundled(spec.workload):
         params = WorkloadParams(
             arrival_rate=arrival_rate, duration_s=spec.duration_s, seed=spec.seed
         )
@@ -301,6 +302,7 @@ def simulate(
         num_kv_blocks=engine_config.num_kv_blocks,
         static_cap=static_cap,
         arrival_rate=arrival_rate,
+        offered=offered_load(requests, spec.duration_s if is_bundled(spec.workload) else None),
         summaries={name: summarize(res, spec.slo) for name, res in results.items()},
         forcing=forcing_summaries(streams, caps) if has_reasoning else [],
     )

@@ -1,16 +1,18 @@
-"""Simulator workloads: seeded request streams built from the bundled data file.
+"""Simulator workloads: seeded request streams built from the bundled data files.
 
-A workload is a Poisson arrival process (exponential inter-arrival times at ``arrival_rate`` over
-``[0, duration_s)``) and, per request, a kind (chat or reasoning, Bernoulli with
-``reasoning_ratio``) and token lengths drawn from the workload's distributions in
-``bench/data/workloads.toml``. Every distribution there names its source; see that file for what
-is published and what is assumed. Reasoning requests also get a per-token think-entropy trace and
-a settle point from :class:`~meridian.bench.entropy_model.EntropyTraceModel`.
+A table workload (:data:`TABLE_WORKLOADS`) is a Poisson arrival process (exponential
+inter-arrival times at ``arrival_rate`` over ``[0, duration_s)``) and, per request, a kind (chat
+or reasoning, Bernoulli with ``reasoning_ratio``) and token lengths drawn from the workload's
+distributions in ``bench/data/workloads.toml``. Every distribution there names its source; see
+that file for what is published and what is assumed. Reasoning requests also get a per-token
+think-entropy trace and a settle point from
+:class:`~meridian.bench.entropy_model.EntropyTraceModel`.
 
 Determinism: one ``numpy.random.default_rng(seed)`` feeds every draw, in this order: the
 arrivals, the kinds, the chat lengths (prompt, output), the reasoning lengths (prompt, think,
 answer), then one entropy trace per reasoning request in arrival order. The same name and
-parameters give identical requests.
+parameters give identical requests. ``servegen-r1`` is generated from production traffic
+instead (clients with bursty arrivals and their own length tables): :mod:`meridian.bench.servegen`.
 
 >>> specs = generate_workload("sharegpt", WorkloadParams(arrival_rate=5.0, duration_s=2.0, seed=1))
 >>> [s.request_id for s in specs][:2], specs == sorted(specs, key=lambda s: s.arrival_ns)
@@ -39,21 +41,37 @@ from meridian.errors import MeridianError
 from meridian.sim.request import RequestKind, RequestSpec
 
 __all__ = [
+    "DEFAULT_DURATION_S",
     "MAX_EXPECTED_REQUESTS",
+    "SERVEGEN",
+    "SERVEGEN_DURATION_S",
+    "TABLE_WORKLOADS",
     "WORKLOADS",
     "DistKind",
     "LengthDist",
     "WorkloadDef",
     "WorkloadError",
     "WorkloadParams",
+    "build_specs",
     "clipped_lognormal_mean",
+    "default_duration_s",
     "generate_workload",
+    "is_bundled",
     "parse_workload_table",
     "poisson_arrivals_ns",
     "workload_definition",
 ]
 
-WORKLOADS: tuple[str, ...] = ("synthetic", "math500", "aime", "sharegpt")
+# Workloads defined by a [workloads.NAME] table of workloads.toml (Poisson arrivals).
+TABLE_WORKLOADS: tuple[str, ...] = ("synthetic", "math500", "aime", "sharegpt")
+# Production traffic from its own data file (meridian.bench.servegen); ``servegen-r1@HH:MM``
+# starts at that time of the source's day instead of its default.
+SERVEGEN = "servegen-r1"
+# Every bundled workload.
+WORKLOADS: tuple[str, ...] = (*TABLE_WORKLOADS, SERVEGEN)
+DEFAULT_DURATION_S = 30.0
+# servegen-r1's rates and burstiness are per 10-minute window: by default a run is one window.
+SERVEGEN_DURATION_S = 600.0
 # A guard against a typo such as a rate of 1e6 exhausting memory: rate * duration above this.
 MAX_EXPECTED_REQUESTS = 1_000_000
 NS_PER_S = 1_000_000_000
@@ -233,6 +251,13 @@ def generate_workload(name: str, params: WorkloadParams) -> list[RequestSpec]:
     an unknown name, or a ``reasoning_ratio`` the workload cannot serve (a ratio above 0 needs
     reasoning distributions, below 1 chat ones).
     """
+    if not is_bundled(name):
+        raise WorkloadError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+    if _is_servegen(name):
+        # Imported here: meridian.bench.servegen builds on this module's parameters and specs.
+        from meridian.bench.servegen import generate_servegen, start_of
+
+        return generate_servegen(params, start_s=start_of(name))
     workload = workload_definition(name)
     ratio = workload.reasoning_ratio if params.reasoning_ratio is None else params.reasoning_ratio
     if ratio > 0.0 and not workload.has_reasoning:
@@ -262,52 +287,70 @@ def generate_workload(name: str, params: WorkloadParams) -> list[RequestSpec]:
         r_prompt = workload.reasoning_prompt.sample(rng, num_reasoning)
         r_think = workload.think.sample(rng, num_reasoning)
         r_answer = workload.answer.sample(rng, num_reasoning)
-    model = EntropyTraceModel(params.entropy_params)
+    # Merge the two kinds back into arrival order; entropy traces are drawn in that order.
+    prompt = np.zeros(num_requests, dtype=np.int64)
+    think = np.zeros(num_requests, dtype=np.int64)
+    answer = np.zeros(num_requests, dtype=np.int64)
+    prompt[~is_reasoning], answer[~is_reasoning] = chat_prompt, chat_output
+    prompt[is_reasoning], think[is_reasoning], answer[is_reasoning] = r_prompt, r_think, r_answer
+    return build_specs(arrivals, prompt, think, answer, rng, params.entropy_params)
 
+
+def build_specs(
+    arrival_ns: IntArray,
+    prompt: IntArray,
+    think: IntArray,
+    answer: IntArray,
+    rng: np.random.Generator,
+    entropy_params: EntropyModelParams | None,
+) -> list[RequestSpec]:
+    """Request specs from columns already in arrival order: ids ``r000000``, ... in that order;
+    a request with think tokens is a reasoning request and gets an entropy trace and a settle
+    point from ``rng`` (one trace per reasoning request, in order), one without is a chat
+    request."""
+    model = EntropyTraceModel(entropy_params)
     specs: list[RequestSpec] = []
-    next_chat = next_reasoning = 0
-    for index, (arrival, reasoning) in enumerate(
-        zip(arrivals.tolist(), is_reasoning.tolist(), strict=True)
-    ):
-        request_id = f"r{index:06d}"
-        if reasoning:
-            j = next_reasoning
-            next_reasoning += 1
-            think = int(r_think[j])
-            trace = model.sample(think, rng)
-            specs.append(
-                RequestSpec(
-                    request_id=request_id,
-                    arrival_ns=arrival,
-                    num_prompt_tokens=int(r_prompt[j]),
-                    num_think_tokens=think,
-                    num_answer_tokens=int(r_answer[j]),
-                    kind=RequestKind.REASONING,
-                    think_entropy=trace.entropy,
-                    settle_token=trace.settle_token,
-                )
+    columns = zip(
+        arrival_ns.tolist(), prompt.tolist(), think.tolist(), answer.tolist(), strict=True
+    )
+    for index, (arrival, num_prompt, num_think, num_answer) in enumerate(columns):
+        trace = model.sample(num_think, rng) if num_think > 0 else None
+        specs.append(
+            RequestSpec(
+                request_id=f"r{index:06d}",
+                arrival_ns=arrival,
+                num_prompt_tokens=num_prompt,
+                num_think_tokens=num_think,
+                num_answer_tokens=num_answer,
+                kind=RequestKind.CHAT if trace is None else RequestKind.REASONING,
+                think_entropy=None if trace is None else trace.entropy,
+                settle_token=None if trace is None else trace.settle_token,
             )
-        else:
-            j = next_chat
-            next_chat += 1
-            specs.append(
-                RequestSpec(
-                    request_id=request_id,
-                    arrival_ns=arrival,
-                    num_prompt_tokens=int(chat_prompt[j]),
-                    num_think_tokens=0,
-                    num_answer_tokens=int(chat_output[j]),
-                    kind=RequestKind.CHAT,
-                )
-            )
+        )
     return specs
 
 
+def _is_servegen(name: str) -> bool:
+    return name == SERVEGEN or name.startswith(f"{SERVEGEN}@")
+
+
+def is_bundled(name: str) -> bool:
+    """True when ``name`` names a bundled workload (not a trace file)."""
+    return name in WORKLOADS or _is_servegen(name)
+
+
+def default_duration_s(name: str) -> float:
+    """Seconds of arrivals of workload ``name`` (or a trace) when the user gives none."""
+    return SERVEGEN_DURATION_S if _is_servegen(name) else DEFAULT_DURATION_S
+
+
 def workload_definition(name: str) -> WorkloadDef:
-    """The bundled definition of workload ``name``; :class:`WorkloadError` lists the known ones."""
+    """The bundled definition of table workload ``name`` (one of :data:`TABLE_WORKLOADS`);
+    :class:`WorkloadError` lists the known ones."""
     definitions = _bundled_definitions()
     if name not in definitions:
-        raise WorkloadError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
+        known = ", ".join(TABLE_WORKLOADS)
+        raise WorkloadError(f"unknown workload {name!r}; workloads defined by a table: {known}")
     return definitions[name]
 
 
@@ -319,13 +362,13 @@ def _bundled_definitions() -> dict[str, WorkloadDef]:
 def parse_workload_table(data: Mapping[str, Any], *, source: str) -> dict[str, WorkloadDef]:
     """Validate a parsed data file's ``[workloads.*]`` tables into :class:`WorkloadDef` s.
 
-    Every workload of :data:`WORKLOADS` must be present. Errors name ``source`` and the dotted
+    Every workload of :data:`TABLE_WORKLOADS` must be present. Errors name ``source`` and the dotted
     key, e.g. ``workloads.toml: workloads.aime.reasoning.think_tokens.sigma must be > 0``.
     """
     table = data.get("workloads")
     if not isinstance(table, Mapping):
         raise WorkloadError(f"{source}: no [workloads] table")
-    missing = [name for name in WORKLOADS if name not in table]
+    missing = [name for name in TABLE_WORKLOADS if name not in table]
     if missing:
         raise WorkloadError(f"{source}: workloads {', '.join(missing)} are not defined")
     return {name: _parse_workload(name, table[name], source) for name in table}

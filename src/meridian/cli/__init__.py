@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from meridian import __version__
-from meridian.cli import bench_cmd, config_cmd
+from meridian.cli import bench_cmd, config_cmd, doctor_cmd
 from meridian.errors import MeridianError
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     config_cmd.register(commands)
     bench_cmd.register(commands)
+    doctor_cmd.register(commands)
     commands.add_parser(
         "serve",
         help="vLLM's OpenAI server with Meridian (see: meridian serve -h)",

@@ -23,7 +23,12 @@ from meridian.bench.report import (
 )
 from meridian.bench.simrun import ENGINES, load_requests, simulate
 from meridian.bench.traces import write_trace
-from meridian.bench.workloads import WORKLOADS
+from meridian.bench.workloads import (
+    DEFAULT_DURATION_S,
+    SERVEGEN,
+    SERVEGEN_DURATION_S,
+    WORKLOADS,
+)
 from meridian.cli import accuracy_cmd
 from meridian.cli.common import (
     ASYNC_SCHEDULING,
@@ -44,6 +49,10 @@ from meridian.sim.presets import HARDWARE, MODELS
 from meridian.sim.records import SimResult
 
 DEFAULT_OUT_DIR = Path("meridian-out") / "sim"
+DURATION_HELP = (
+    f"seconds of arrivals ({DEFAULT_DURATION_S:g}; {SERVEGEN_DURATION_S:g} for {SERVEGEN}: one "
+    "10-minute window of its source)"
+)
 _DEFAULT_SLO = SloSpec()
 
 
@@ -165,7 +174,8 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, policies: str, out_dir:
     parser.add_argument(
         "--workload",
         default="synthetic",
-        help=f"bundled workload ({', '.join(WORKLOADS)}) or a JSONL trace (default: synthetic)",
+        help=f"bundled workload ({', '.join(WORKLOADS)}; {SERVEGEN}@HH:MM starts at that time "
+        "of its source's day instead of 10:00) or a JSONL trace (default: synthetic)",
     )
     parser.add_argument(
         "--policies",
@@ -174,7 +184,7 @@ def _add_engine_args(parser: argparse.ArgumentParser, *, policies: str, out_dir:
         "vllm-priority, pascal (each also as NAME+forcing), static-budget[:CAP] "
         f"(default: {policies})",
     )
-    parser.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
+    parser.add_argument("--duration-s", type=float, help=DURATION_HELP)
     parser.add_argument("--seed", type=int, default=0, help="seed of the workload generator (0)")
     parser.add_argument(
         "--hardware", default="h100-sxm", choices=sorted(HARDWARE), help="hardware preset"
@@ -209,7 +219,7 @@ def _add_replay_args(parser: argparse.ArgumentParser, out_dir: Path) -> None:
     """The workload-replay arguments ``bench real`` and ``bench ab-real`` share."""
     parser.add_argument("--workload", default="synthetic", help="bundled workload or JSONL trace")
     parser.add_argument("--arrival-rate", type=float, default=2.0, help="requests per second (2)")
-    parser.add_argument("--duration-s", type=float, default=30.0, help="seconds of arrivals (30)")
+    parser.add_argument("--duration-s", type=float, help=DURATION_HELP)
     parser.add_argument("--seed", type=int, default=0, help="workload seed (0)")
     parser.add_argument(
         "--max-think-tokens",
@@ -247,8 +257,8 @@ def _write_metrics(results: dict[str, SimResult], out_dir: Path) -> list[Path]:
     """Each run reported through the metric catalogue, in Prometheus text format."""
     from prometheus_client import generate_latest
 
+    from meridian.bench.sim_metrics import record_sim_result
     from meridian.telemetry.metrics import MeridianMetrics
-    from meridian.telemetry.sim_export import record_sim_result
 
     paths = []
     for name, result in results.items():

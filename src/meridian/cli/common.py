@@ -4,6 +4,7 @@ the summary table."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from meridian.bench.metrics import PolicySummary
+from meridian.bench.offered import describe
 from meridian.bench.report import SimReport
 from meridian.bench.simrun import SimRunSpec
+from meridian.bench.workloads import default_duration_s
 from meridian.errors import MeridianError
 from meridian.sim.policies import parse_policies
 
@@ -37,6 +40,9 @@ def make_console() -> Console:
 
 
 def check_workload_args(args: argparse.Namespace) -> None:
+    """Check the workload arguments; an unset ``--duration-s`` becomes the workload's default."""
+    if args.duration_s is None:
+        args.duration_s = default_duration_s(args.workload)
     if not args.duration_s > 0:
         raise MeridianError(f"--duration-s must be > 0; got {args.duration_s}")
     if args.seed < 0:
@@ -86,10 +92,11 @@ _COLUMNS: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
 
 
 def print_summary(console: Console, report: SimReport) -> None:
-    table = Table(
-        title=f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}, "
-        f"engine {report.engine}"
-    )
+    heading = f"{report.workload} @ {report.arrival_rate:g} req/s, seed {report.seed}, "
+    heading += f"engine {report.engine}"
+    if report.offered is not None:
+        heading += f"\n{describe(report.offered)}"
+    table = Table(title=heading)
     table.add_column("policy")
     for title, _ in _COLUMNS:
         table.add_column(title, justify="right")
@@ -112,14 +119,12 @@ def require_vllm(engine: str) -> None:
     """``--engine vllm`` runs vLLM's scheduler: say how to get it when it is missing."""
     if engine != "vllm":
         return
-    try:
-        import vllm.v1.core.sched.scheduler  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("vllm") is None:
         raise MeridianError(
             "--engine vllm drives vLLM's own scheduler, and vLLM is not installed in this "
             "environment: run `make vllm-venv` once, then `.venv-vllm/bin/meridian bench sim "
             "--engine vllm ...`"
-        ) from None
+        )
 
 
 ASYNC_SCHEDULING = {"auto": None, "on": True, "off": False}

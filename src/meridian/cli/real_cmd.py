@@ -10,9 +10,11 @@ from pathlib import Path
 from rich.console import Console
 
 from meridian.bench.metrics import SloSpec, summarize
+from meridian.bench.offered import offered_load
 from meridian.bench.plots import write_plots
 from meridian.bench.report import SimReport, build_ab_report, write_ab_report, write_report
 from meridian.bench.simrun import SimRunSpec, load_requests
+from meridian.bench.workloads import is_bundled
 from meridian.cli.common import check_workload_args, make_console, make_progress, print_summary
 from meridian.config import load_config
 from meridian.errors import MeridianError
@@ -40,7 +42,7 @@ def run_real_cmd(args: argparse.Namespace) -> int:
             label=args.label,
             on_done=lambda n: progress.update(task, completed=n),
         )
-    report = _real_report(args, args.model, slo, [args.label], {args.label: result})
+    report = _real_report(args, args.model, slo, [args.label], {args.label: result}, requests)
     written = write_report(report, args.out_dir)
     if not args.no_plots:
         written += write_plots({args.label: result}, args.out_dir, slo)
@@ -68,8 +70,10 @@ def _real_report(
     slo: SloSpec,
     policies: list[str],
     results: dict[str, SimResult],
+    requests: list[RequestSpec],
 ) -> SimReport:
-    """The report of a real-mode run: one summary per server, in ``policies`` order."""
+    """The report of a real-mode run: one summary per server, in ``policies`` order, and the
+    load the replayed requests offered."""
     return SimReport(
         workload=Path(args.workload).name,
         seed=args.seed,
@@ -79,6 +83,7 @@ def _real_report(
         slo=slo,
         policies=policies,
         arrival_rate=args.arrival_rate,
+        offered=offered_load(requests, args.duration_s if is_bundled(args.workload) else None),
         summaries={name: summarize(results[name], slo) for name in policies},
     )
 
@@ -105,10 +110,12 @@ def _real_requests(args: argparse.Namespace) -> list[RequestSpec]:
 def run_ab_real_cmd(args: argparse.Namespace, vllm_args: list[str]) -> int:
     """Stock vLLM, then Meridian, on the same model and workload; reports and the A/B."""
     from meridian.bench.abreal import CANDIDATE, STOCK, AbRealSpec, run_side
+    from meridian.vllm.resolve import resolve_engine
 
     loaded = load_config(args.config)
     requests = _real_requests(args)
     spec = AbRealSpec(
+        engine=resolve_engine(args.model, vllm_args),
         model=args.model,
         vllm_args=vllm_args,
         config=loaded.config,
@@ -129,7 +136,8 @@ def run_ab_real_cmd(args: argparse.Namespace, vllm_args: list[str]) -> int:
         if len(errors) == len(requests):
             raise MeridianError(f"every request to the {side} server failed: {errors[0]}")
         results[side] = result
-    report = _real_report(args, Path(args.model).name, slo, [CANDIDATE, STOCK], results)
+    policies = [CANDIDATE, STOCK]
+    report = _real_report(args, Path(args.model).name, slo, policies, results, requests)
     written = write_report(report, args.out_dir)
     written += write_ab_report(build_ab_report(report), args.out_dir)
     if not args.no_plots:

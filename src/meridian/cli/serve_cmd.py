@@ -1,24 +1,23 @@
 """``meridian serve MODEL [--config PATH] [--model-family NAME] [vLLM args...]``.
 
-Starts vLLM's OpenAI server with Meridian's scheduler, logits processor, the model's reasoning
-parser and the config file (see :mod:`meridian.vllm.serve`). Everything after the model that is
-not one of Meridian's own options goes to vLLM unchanged.
+Runs ``meridian doctor``'s checks (:mod:`meridian.vllm.doctor`; a failed one stops it with one
+line), then starts vLLM's OpenAI server with Meridian's scheduler, logits processor, the model's
+reasoning parser and the config file (see :mod:`meridian.vllm.serve`). Everything after the
+model that is not one of Meridian's own options goes to vLLM unchanged.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from meridian.cli.common import positive_gib
-from meridian.config import load_config
 from meridian.errors import MeridianError
 
 USAGE = (
-    "meridian serve MODEL [--config PATH] [--model-family NAME] [--kv-offload-gib N] [vLLM args...]"
+    "meridian serve MODEL [--config PATH] [--model-family NAME] [--kv-offload-gib N] "
+    "[--step-log CSV] [vLLM args...]"
 )
 
 
@@ -49,28 +48,48 @@ def build_parser() -> argparse.ArgumentParser:
         "preempted request's KV (its reasoning included) is loaded back instead of recomputed "
         "(default: off)",
     )
+    parser.add_argument(
+        "--step-log",
+        type=Path,
+        metavar="CSV",
+        help="append every engine step's shape and duration to CSV, the step-time file that "
+        "meridian bench sim --step-time-csv fits the simulator to (default: off)",
+    )
     return parser
 
 
 def main(argv: Sequence[str]) -> int:
-    """Parse, check that vLLM is importable here, then exec the server (never returns)."""
+    """Parse, run ``meridian doctor``'s checks, then exec the server (never returns); a failed
+    check stops it with that check's line."""
     args, vllm_args = build_parser().parse_known_args(list(argv))
     if vllm_args[:1] == ["--"]:
         vllm_args = vllm_args[1:]
-    if importlib.util.find_spec("vllm") is None:
-        raise MeridianError(
-            f"vLLM is not installed for {sys.executable}; install it (GPU: pip install "
-            f"'meridian[vllm]'; CPU: make vllm-venv, then run .venv-vllm/bin/meridian serve)"
-        )
-    loaded = load_config(args.config)
+    from meridian.vllm.doctor import Status, run_checks
+
+    print("meridian serve: checking (as meridian doctor does) ...", flush=True)
+    report = run_checks(
+        args.model,
+        vllm_args,
+        config_path=args.config,
+        model_family=args.model_family,
+        offline=False,
+    )
+    if report.failed:
+        raise MeridianError("\n".join(c.line() for c in report.failed))
+    for check in report.checks:
+        if check.status is Status.WARN:
+            print(f"meridian serve: warning: {check.line()}")
+    assert report.engine is not None and report.loaded is not None
     from meridian.vllm.serve import serve
 
     serve(
         args.model,
         vllm_args,
-        loaded.config,
-        config_path=loaded.source,
+        report.loaded.config,
+        engine=report.engine,
+        config_path=report.loaded.source,
         model_family=args.model_family,
         kv_offload_bytes=None if args.kv_offload_gib is None else int(args.kv_offload_gib * 2**30),
+        step_log=args.step_log,
     )
     return 0  # not reached: serve() replaces this process

@@ -1,7 +1,7 @@
 """The think-budget policy: when to force ``</think>``.
 
 :meth:`BudgetPolicy.decide` is called with a think-phase request's token count and its
-:class:`~meridian.core.entropy.EntropyProbe`; it returns a :class:`ForceDecision` (force now, and
+:class:`~meridian.core.signals.EntropyProbe`; it returns a :class:`ForceDecision` (force now, and
 why) or ``None`` (keep thinking). The rules, in order — the first that applies wins:
 
 1. ``RequestBudget.forcing`` is false -> ``None``: never force, not even the hard cap.
@@ -27,7 +27,7 @@ import enum
 from dataclasses import dataclass
 
 from meridian.config.schema import EntropyConfig, SchedulerConfig
-from meridian.core.entropy import EntropyProbe
+from meridian.core.signals import EntropyProbe
 from meridian.core.types import ForceReason
 from meridian.errors import ConfigError
 
@@ -152,7 +152,8 @@ class BudgetPolicy:
     ) -> ForceDecision | None:
         """Force ``</think>`` now (a decision with its reason), or ``None`` to keep thinking.
 
-        ``num_think_tokens`` counts the request's think tokens generated so far.
+        ``num_think_tokens`` counts the request's reasoning so far: the think tokens it
+        generated and those its prompt already held (``RequestState.num_reasoning_tokens``).
         """
         if num_think_tokens < 0:
             raise ValueError(f"num_think_tokens must be >= 0; got {num_think_tokens}")

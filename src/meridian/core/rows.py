@@ -11,7 +11,8 @@ token, a prompt still deciding its phase) are *special*: the policy handles them
 step and reclassifies them (:meth:`SteadyRows.reclassify`).
 
 Invariant: a lazy row's state is in THINK past its first token and has received exactly
-``pending - base[i]`` tokens the router has not counted (one per bulk step since ``base[i]``).
+``pending - base[i]`` tokens not yet counted (one per bulk step since ``base[i]``). Settling a
+row counts them (:func:`~meridian.core.state.count_think`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from meridian.core.router import RequestPhaseState
+from meridian.core.state import RequestState, count_think
 from meridian.core.types import Phase
 
 __all__ = ["SteadyRows"]
@@ -36,7 +37,7 @@ class SteadyRows:
     """
 
     ids: list[str]
-    states: list[RequestPhaseState | None]
+    states: list[RequestState | None]
     base: list[int]
     special: list[int]
     pending: int = 0
@@ -45,13 +46,13 @@ class SteadyRows:
     def arm(
         cls,
         ids: list[str],
-        thinking: Sequence[RequestPhaseState | None],
+        thinking: Sequence[RequestState | None],
         answering: Sequence[bool],
     ) -> SteadyRows:
         """Rows ``ids``: ``thinking[i]``, the state of a request in THINK past its first token
         (``None`` otherwise), ``answering[i]``, an answer stream served in the last step; the
         rest are special."""
-        states: list[RequestPhaseState | None] = list(thinking)
+        states: list[RequestState | None] = list(thinking)
         special = [
             i
             for i, (st, served) in enumerate(zip(states, answering, strict=True))
@@ -81,9 +82,7 @@ class SteadyRows:
         """Bring lazy row ``i``'s counts up to date."""
         st = self.states[i]
         if st is not None:
-            n = self.pending - self.base[i]
-            st.num_think_tokens += n
-            st.num_generated_tokens += n
+            count_think(st, self.pending - self.base[i])
             self.base[i] = self.pending
 
     def settle(self) -> None:
@@ -93,13 +92,11 @@ class SteadyRows:
             return
         for i, st in enumerate(self.states):
             if st is not None:
-                n = pending - base[i]
-                st.num_think_tokens += n
-                st.num_generated_tokens += n
+                count_think(st, pending - base[i])
         self.pending = 0
         self.base = [0] * len(self.ids)
 
-    def reclassify(self, i: int, st: RequestPhaseState | None, answering: bool) -> bool:
+    def reclassify(self, i: int, st: RequestState | None, answering: bool) -> bool:
         """Row ``i`` after the per-request path handled this step's token: lazy from the next
         step if it is thinking past its first token, not special if it answers; returns
         whether it stays special. Call before :meth:`step_done`."""

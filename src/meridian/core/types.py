@@ -32,9 +32,13 @@ class Phase(enum.IntEnum):
 
 
 class Tier(enum.IntEnum):
-    """KV tiers in eviction order: lower tiers are evicted and preempted first.
+    """What a request's KV holds, as the metrics label it: a thinking request's reasoning
+    (``THINK_ACTIVE``), an answer stream's prompt, reasoning and answer (``OUTPUT_CRITICAL``), a
+    finished think phase's reasoning (``THINK_COMPLETE``, not split out inside vLLM). The order
+    of preemption is :class:`~meridian.core.victims.VictimClass`'s, not this.
 
-    The integer values are the MRDN v1 wire codes and must never change.
+    The integer values order the tiers (they were the wire codes of the deleted MRDN v1 library,
+    ADR-0015).
     """
 
     THINK_COMPLETE = 0
@@ -86,14 +90,3 @@ class Complete:
 
 
 PhaseEvent: TypeAlias = EnterThink | ExitThink | ForceBudget | Complete
-
-
-def tier_for_phase(phase: Phase) -> Tier:
-    """The tier a request's *newly written* KV blocks belong to while it is in ``phase``.
-
-    >>> tier_for_phase(Phase.THINK)
-    <Tier.THINK_ACTIVE: 1>
-    """
-    if phase is Phase.THINK:
-        return Tier.THINK_ACTIVE
-    return Tier.OUTPUT_CRITICAL

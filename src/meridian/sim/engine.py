@@ -110,10 +110,10 @@ class SimPolicy:
         """The plan of step ``step``; ``None`` keeps the running order and skips nobody."""
         return None
 
-    def reorder_waiting(self, queue: deque[SimRequest], head: list[SimRequest]) -> list[SimRequest]:
-        """Put ``head``, the first requests of the waiting ``queue``, in the order they should
-        start, in place; returns the head as it now stands."""
-        return head
+    def waiting_order(self, head: list[SimRequest]) -> list[SimRequest] | None:
+        """``head``, the first requests of the waiting queue, in the order they should start;
+        ``None`` keeps the engine's order."""
+        return None
 
     def admissions(
         self, running: list[SimRequest], waiting: list[SimRequest], num_blocks: int
@@ -128,8 +128,8 @@ class SimPolicy:
     def on_idle(self) -> None:
         """The engine has nothing to run until the next arrival."""
 
-    def on_tokens(self, batch: list[tuple[str, list[int]]], step: int) -> None:
-        """The tokens each row generated in step ``step``."""
+    def on_tokens(self, request_ids: list[str], tokens: list[list[int]], step: int) -> None:
+        """The tokens each row generated in step ``step`` (``tokens[i]``: ``request_ids[i]``'s)."""
 
     def on_preempt(self, req: SimRequest) -> None:
         """``req`` is being preempted (its KV is about to be freed)."""
@@ -329,7 +329,13 @@ class Engine:
         if self._num_waiting():
             head = self._waiting_head(ADMISSION_CANDIDATES)
             if not self.policy.uses_priority:
-                head = self.policy.reorder_waiting(self.waiting, head)
+                order = self.policy.waiting_order(head)
+                if order is not None:  # the head of the queue in the policy's order
+                    waiting = self.waiting
+                    for _ in head:
+                        waiting.popleft()
+                    waiting.extendleft(reversed(order))
+                    head = order
             allowed = self.policy.admissions(self.running, head, pool.num_usable_blocks)
             if allowed is not None:
                 limit = min(limit, len(self.running) + allowed)
@@ -377,7 +383,8 @@ class Engine:
         now, step, pool = self.now_ns, self.step, self.pool
         caching = self.config.enable_prefix_caching
         block_size = self.config.block_size_tokens
-        batch: list[tuple[str, list[int]]] = []
+        ids: list[str] = []
+        tokens: list[list[int]] = []
         done: list[SimRequest] = []
         running = RequestStatus.RUNNING
         for req, n in self._scheduled:
@@ -394,12 +401,13 @@ class Engine:
                 token = stream.token_at(num_output)
                 req.num_output_tokens = num_output + 1
                 req.record.on_token(token, now, step)
-                batch.append((req.request_id, [token]))
+                ids.append(req.request_id)
+                tokens.append([token])
                 if num_output + 1 == stream.num_output_tokens:
                     done.append(req)
         self._scheduled = []
-        if batch:
-            self.policy.on_tokens(batch, step)
+        if ids:
+            self.policy.on_tokens(ids, tokens, step)
         for req in done:
             self._complete(req)
         self.counters.num_steps += 1

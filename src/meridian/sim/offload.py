@@ -27,14 +27,8 @@ nothing can be wrong with it; failed transfers are not modelled.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
-
-from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-    OffloadingWorkerMetadata,
-)
-from vllm.v1.outputs import KVConnectorOutput
 
 __all__ = ["HostLink", "LinkCounters"]
 
@@ -78,24 +72,15 @@ class HostLink:
         ]
         return ready
 
-    def end_step(self, end_ns: int) -> KVConnectorOutput | None:
-        """The step ended at ``end_ns``: its stores start copying, and every job finished by
-        then is reported (``None``: nothing to report)."""
+    def end_step(self, end_ns: int) -> list[tuple[int, str]]:
+        """The step ended at ``end_ns``: its stores start copying; returns every job finished by
+        then, ``(job id, request id)`` (the request id empty for a store), for the driver to
+        report to vLLM as the worker would (:func:`meridian.sim.vllm_engine` builds vLLM's
+        ``KVConnectorOutput`` from them)."""
         for job_id, num_blocks in self._deferred_stores:
             self._copy(job_id, num_blocks, "", end_ns, load=False)
         self._deferred_stores.clear()
-        done = self._finished_by(end_ns)
-        if not done:
-            return None
-        meta = OffloadingWorkerMetadata()
-        recving: set[str] = set()
-        for job_id, req_id in done:
-            meta.mark_completed(job_id)
-            if req_id:
-                recving.add(req_id)
-        return KVConnectorOutput(
-            finished_sending=set(), finished_recving=recving, kv_connector_worker_meta=meta
-        )
+        return self._finished_by(end_ns)
 
     def next_finish_ns(self) -> int | None:
         """When the next pending copy ends (``None``: the link is idle)."""
@@ -112,7 +97,7 @@ class HostLink:
         else:
             self.counters.num_stored_blocks += num_blocks
 
-    def _finished_by(self, time_ns: int) -> Iterable[tuple[int, str]]:
+    def _finished_by(self, time_ns: int) -> list[tuple[int, str]]:
         done: list[tuple[int, str]] = []
         while self._pending and self._pending[0][0] <= time_ns:
             _, job_id, req_id = heapq.heappop(self._pending)

@@ -28,17 +28,17 @@ through :mod:`meridian.sim.vllm_engine`.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meridian.config.schema import MeridianConfig
-from meridian.core.policy import MeridianPolicy, Plan, R, output_budget_setting
+from meridian.core.interface import Plan, R, output_budget_setting
+from meridian.core.policy import MeridianPolicy, TrackingPolicy
 from meridian.core.types import Phase
 from meridian.errors import MeridianError
 from meridian.sim.engine import Engine, SimPolicy
 from meridian.sim.state import SimRequest
-from meridian.sim.streams import FORCING_MERIDIAN, FORCING_OFF, SIM_MODEL, Forcing, ForcingKind
+from meridian.sim.streams import FORCING_MERIDIAN, FORCING_OFF, SIM_FORMAT, Forcing, ForcingKind
 
 FORCING_SUFFIX = "+forcing"
 STATIC_BUDGET = "static-budget"
@@ -118,7 +118,7 @@ def parse_policies(text: str) -> list[PolicySpec]:
     return specs
 
 
-class PascalPolicy(MeridianPolicy):
+class PascalPolicy(TrackingPolicy):
     """A faithful-where-possible single-instance rendering of Pascal's intra-instance scheduler
     (Cho et al., "PASCAL: A Phase-Aware Scheduling Algorithm for Serving Reasoning-based LLMs",
     HPCA 2026, arXiv:2602.11530; the choices and their sources are in docs/benchmarks.md).
@@ -135,22 +135,20 @@ class PascalPolicy(MeridianPolicy):
     Not rendered: round robin with a 500-token quantum inside each class (vLLM preempts by
     recompute, so time-slicing by preemption would recompute where Pascal swaps; FCFS is kept
     within each class) and Pascal's multi-instance placement and migration. Admission is
-    vLLM's own, in vLLM's order (Pascal does not gate it).
+    vLLM's own, in vLLM's order (Pascal does not gate it): the tracking policy's.
+
+    A plan of its own over Meridian's tracking (phases and think counts), nothing of Meridian's
+    plan or admission.
     """
-
-    def admissions(self, running: Sequence[R], waiting: Sequence[R], num_blocks: int) -> None:
-        return None
-
-    def waiting_order(self, waiting: Sequence[R]) -> None:
-        return None  # vLLM's order: Pascal gates nothing at admission
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         self.stats.num_plans += 1
+        self.tracker.settle()
         high: list[R] = []
         low: list[R] = []
-        states = self._states
+        states = self.tracker.states
         for request in running:
-            st = states[request.request_id].phase_state
+            st = states[request.request_id]
             answering = st.phase is Phase.OUTPUT
             (low if answering or st.num_think_tokens > PASCAL_DEMOTION_TOKENS else high).append(
                 request
@@ -166,22 +164,22 @@ class _CorePolicy(SimPolicy):
     """The fast engine's adapter over a core policy object (Meridian's, or Pascal's)."""
 
     def __init__(
-        self, name: str, config: MeridianConfig, policy_class: type[MeridianPolicy]
+        self, name: str, config: MeridianConfig, policy_class: type[TrackingPolicy]
     ) -> None:
         self.name = name
         self.config = config
         self.policy_class = policy_class
-        self._core: MeridianPolicy | None = None
+        self._core: TrackingPolicy | None = None
 
     @property
-    def core(self) -> MeridianPolicy:
+    def core(self) -> TrackingPolicy:
         assert self._core is not None, "setup() first"
         return self._core
 
     def setup(self, engine: Engine) -> None:
         cfg = engine.config
         self._core = self.policy_class(
-            SIM_MODEL,
+            SIM_FORMAT,
             self.config.scheduler,
             block_size=cfg.block_size_tokens,
             capacity=cfg.max_num_seqs,
@@ -197,8 +195,8 @@ class _CorePolicy(SimPolicy):
     def plan(self, running: list[SimRequest], step: int, num_free_blocks: int) -> Plan[SimRequest]:
         return self.core.plan(running, step, num_free_blocks)
 
-    def reorder_waiting(self, queue: deque[SimRequest], head: list[SimRequest]) -> list[SimRequest]:
-        return self.core.reorder_waiting(queue, head)
+    def waiting_order(self, head: list[SimRequest]) -> list[SimRequest] | None:
+        return self.core.waiting_order(head)
 
     def admissions(
         self, running: list[SimRequest], waiting: list[SimRequest], num_blocks: int
@@ -211,8 +209,8 @@ class _CorePolicy(SimPolicy):
     def on_idle(self) -> None:
         self.core.on_idle()
 
-    def on_tokens(self, batch: list[tuple[str, list[int]]], step: int) -> None:
-        self.core.observe_many(batch, step)
+    def on_tokens(self, request_ids: list[str], tokens: list[list[int]], step: int) -> None:
+        self.core.observe(request_ids, tokens, step)
 
     def on_preempt(self, req: SimRequest) -> None:
         self.core.on_preempt(req.request_id)

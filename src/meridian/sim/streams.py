@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 from meridian.config.schema import MeridianConfig
 from meridian.core.budget import BudgetPolicy
-from meridian.core.router import ReasoningModel
+from meridian.core.forcing import ThinkForcer
+from meridian.core.format import ReasoningFormat
 from meridian.core.types import ForceReason
 from meridian.sim.request import RequestSpec
 
@@ -40,7 +41,7 @@ ANSWER_TOKEN_ID = 11
 EOS_ID = 12
 FILLER_BASE = 100
 
-SIM_MODEL = ReasoningModel(
+SIM_FORMAT = ReasoningFormat(
     think_start=(THINK_START_ID,), think_end=(THINK_END_ID,), no_think=(NO_THINK_ID,)
 )
 
@@ -145,30 +146,16 @@ class Stream:
 
 
 def forced_think_length(spec: RequestSpec, policy: BudgetPolicy) -> tuple[int, ForceReason | None]:
-    """The think length of ``spec`` under ``policy``, and the force reason if it was forced.
+    """The think length of ``spec`` under ``policy``, and the force reason if it was forced:
+    what the logits processor's :class:`~meridian.core.forcing.ThinkForcer` decides over the
+    request's entropy trace (:meth:`~meridian.core.forcing.ThinkForcer.replay`); a chain
+    without a trace only meets the hard cap."""
+    return _replay(ThinkForcer(SIM_FORMAT, policy), spec)
 
-    Runs the decision sequence of :class:`~meridian.core.forcing.ThinkForcer` (the logits
-    processor's) over the request's entropy trace; a chain without a trace only meets the hard
-    cap.
-    """
-    length = spec.num_think_tokens
+
+def _replay(forcer: ThinkForcer, spec: RequestSpec) -> tuple[int, ForceReason | None]:
     trace = spec.think_entropy
-    probe = policy.new_probe() if trace is not None else None
-    cap, floor = policy.max_think_tokens, policy.min_think_tokens
-    if probe is None:
-        return (cap, ForceReason.HARD_CAP) if length > cap else (length, None)
-    assert trace is not None
-    values = trace.tolist()
-    observe, decide = probe.observe, policy.decide
-    for k in range(length):
-        observe(values[k])
-        # Below the floor and the cap the policy cannot fire: skip its call (the hot loop).
-        if k < floor and k < cap:
-            continue
-        decision = decide(k, probe)
-        if decision is not None:
-            return k, decision.reason
-    return length, None
+    return forcer.replay(None if trace is None else trace.tolist(), spec.num_think_tokens)
 
 
 def build_streams(
@@ -176,15 +163,16 @@ def build_streams(
 ) -> list[Stream]:
     """Every request's stream under ``forcing`` (same order as ``specs``)."""
     policy = forcing.budget_policy(config)
+    forcer = None if policy is None else ThinkForcer(SIM_FORMAT, policy)
     streams: list[Stream] = []
     for spec in specs:
         if not spec.is_reasoning:
             streams.append(Stream(spec, 0, None, None))
             continue
-        if policy is None:
+        if forcer is None:
             num_think, reason = spec.num_think_tokens, None
         else:
-            num_think, reason = forced_think_length(spec, policy)
+            num_think, reason = _replay(forcer, spec)
         settle = spec.settle_token
         correct = settle is None or reason is None or num_think >= settle
         streams.append(Stream(spec, num_think, reason, correct))

@@ -27,7 +27,6 @@ This module imports vLLM and is used from the vLLM environment (``.venv-vllm``).
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from bisect import bisect_right
@@ -46,6 +45,9 @@ from vllm.config import (
     SchedulerConfig,
     VllmConfig,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+    OffloadingWorkerMetadata,
+)
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.utils.math_utils import round_up
@@ -54,7 +56,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -65,10 +67,12 @@ from meridian.sim.offload import HostLink
 from meridian.sim.policies import PascalPolicy, PolicySpec, SchedulerKind
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
 from meridian.sim.steptime import BatchShape, StepTimeModel
-from meridian.sim.streams import EOS_ID, SIM_MODEL, Stream
+from meridian.sim.streams import EOS_ID, SIM_FORMAT, Stream
+from meridian.vllm.resolve import stand_in_model
 from meridian.vllm.runtime import MeridianRuntime
 from meridian.vllm.scheduler import MeridianAsyncScheduler, MeridianScheduler
 from meridian.vllm.serve import kv_offload_transfer_config
+from meridian.vllm.steplog import step_shape
 
 ENGINE_NAME = "vllm"
 # The model directory's context limit: longer than any simulated request.
@@ -96,30 +100,26 @@ _CLASSES: dict[SchedulerKind, tuple[type[Scheduler], type[Scheduler]]] = {
 }
 
 
+def _connector_output(done: list[tuple[int, str]]) -> KVConnectorOutput | None:
+    """What vLLM's offloading worker reports for the transfer jobs ``done`` (``(job id, request
+    id)``, the request id empty for a store): each job completed, each load's request ready."""
+    if not done:
+        return None
+    meta = OffloadingWorkerMetadata()
+    recving: set[str] = set()
+    for job_id, req_id in done:
+        meta.mark_completed(job_id)
+        if req_id:
+            recving.add(req_id)
+    return KVConnectorOutput(
+        finished_sending=set(), finished_recving=recving, kv_connector_worker_meta=meta
+    )
+
+
 def model_directory(root: Path) -> Path:
     """A model directory vLLM's config accepts: ``config.json`` only (no weights, no
-    tokenizer; the scheduler needs neither). Shapes do not matter to scheduling."""
-    path = root / "sim-model"
-    path.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "hidden_size": 1024,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "max_position_embeddings": MAX_MODEL_LEN,
-        "vocab_size": 151936,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000,
-        "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False,
-        "eos_token_id": EOS_ID,
-    }
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return path
+    tokenizer; the scheduler needs neither), with this simulation's context limit and EOS."""
+    return stand_in_model(root, max_position_embeddings=MAX_MODEL_LEN, eos_token_id=EOS_ID)
 
 
 def build_vllm_config(config: EngineConfig, model_dir: Path, *, priority: bool) -> VllmConfig:
@@ -259,7 +259,7 @@ class VllmEngine:
         kwargs: dict[str, Any] = {}
         if issubclass(cls, MeridianScheduler):
             kwargs["meridian_runtime"] = MeridianRuntime(
-                self.meridian_config, None, "sim", SIM_MODEL, None, "the simulator's streams"
+                self.meridian_config, None, "sim", SIM_FORMAT, None, "the simulator's streams"
             )
             kwargs["meridian_clock"] = lambda: self.now_ns / 1e9
         return cls(
@@ -284,7 +284,7 @@ class VllmEngine:
         depth = 2 if self.config.async_scheduling else 1
         # Meridian's scheduler fails open in serving (vLLM's stock behaviour applies); a run
         # that did would measure the wrong policy, so the simulator stops at the first error.
-        overhead = getattr(scheduler, "meridian_overhead", None)
+        fail_open = getattr(scheduler, "meridian_fail_open", None)
 
         def admit_until(time_ns: int) -> int:
             nonlocal next_arrival
@@ -317,7 +317,7 @@ class VllmEngine:
             self.now_ns = max(self.now_ns, done.end_ns)
             self._deliver(done)
             scheduler.update_from_output(done.output, done.runner_output)
-            if overhead is not None and overhead.policy_errors:
+            if fail_open is not None and fail_open.num_errors:
                 raise SimulationError(
                     f"Meridian's policy raised an exception in {self.spec.name!r} (logged "
                     "above): the run would measure vLLM's stock behaviour, not the policy"
@@ -368,18 +368,11 @@ class VllmEngine:
         req_ids = list(output.num_scheduled_tokens)
         sampled: list[list[int]] = []
         tokens: list[tuple[_Live, int]] = []
-        num_prefill = num_decode = kv_read = 0
         for rid in req_ids:
             n = output.num_scheduled_tokens[rid]
             request = scheduler.requests[rid]
             live = self._live[rid]
             live.num_scheduled_tokens += n
-            computed = request.num_computed_tokens  # after this step's tokens
-            kv_read += computed
-            if n == 1 and computed - 1 >= request.num_prompt_tokens:
-                num_decode += 1
-            else:
-                num_prefill += n
             if request.is_prefill_chunk:
                 sampled.append([])
             elif live.generated >= live.stream.num_output_tokens:
@@ -392,7 +385,8 @@ class VllmEngine:
                 tokens.append((live, token))
         duration = 1
         if req_ids:
-            shape = BatchShape(num_prefill, num_decode, kv_read, len(req_ids))
+            # Counted as a live engine's step log counts it (meridian.vllm.steplog).
+            shape = BatchShape(*step_shape(output.num_scheduled_tokens, scheduler.requests))
             duration = max(1, self.step_model.step_time_ns(shape))
             self.counters.num_steps += 1
             self.counters.num_scheduled_rows += len(req_ids)
@@ -403,7 +397,9 @@ class VllmEngine:
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
-            kv_connector_output=None if link is None else link.end_step(start_ns + duration),
+            kv_connector_output=None
+            if link is None
+            else _connector_output(link.end_step(start_ns + duration)),
         )
         step = _Step(output, runner_output, tokens, start_ns + duration, self._num_steps)
         if req_ids:

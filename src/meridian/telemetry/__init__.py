@@ -5,11 +5,10 @@
 - :mod:`meridian.telemetry.exporter`: ``serve_metrics`` for processes that are not vLLM.
 - :mod:`meridian.telemetry.otel`: ``make_tracer``, OTLP/HTTP traces and metrics (off by
   default; imports OpenTelemetry only when enabled).
-- :mod:`meridian.telemetry.sim_export`: ``record_sim_result``, a simulator run reported
-  through the catalogue.
 
-Only the catalogue is re-exported here, so that importing the package (the docs generator
-does) pulls in neither ``prometheus_client`` nor ``meridian.sim``.
+A simulator run is reported through the same catalogue by :mod:`meridian.bench.sim_metrics`
+(telemetry imports neither the simulator nor the benchmarks). Only the catalogue is re-exported
+here, so that importing the package (the docs generator does) pulls in no ``prometheus_client``.
 """
 
 from __future__ import annotations

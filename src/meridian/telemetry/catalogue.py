@@ -76,6 +76,8 @@ def tier_label(tier: Tier) -> str:
 # appear on first use.
 QUEUE_PHASES: Final = (Phase.THINK, Phase.OUTPUT)
 ROW_PHASES: Final = (Phase.PREFILL, Phase.THINK, Phase.OUTPUT)
+# A verified draft token was accepted or rejected.
+DRAFT_OUTCOMES: Final = ("accepted", "rejected")
 POLICY_ERROR_SITES: Final = (
     "schedule",
     "update_from_output",
@@ -187,6 +189,16 @@ GENERATED_TOKENS: Final = MetricSpec(
     ("phase",), "meridian.generated_tokens", "tokens",
 )  # fmt: skip
 
+# -- speculative decoding -----------------------------------------------------------------------
+DRAFT_TOKENS: Final = MetricSpec(
+    "meridian_spec_decode_draft_tokens_total", C,
+    "Draft tokens of speculative decoding the engine verified, by the phase the request was in "
+    "when they were proposed (think: thinking, or its phase not yet known; output: answering) "
+    "and by outcome (accepted, rejected): vLLM's counts (vllm:spec_decode_num_draft_tokens, "
+    "num_accepted_tokens) split by phase. Counted about once a second and when the engine idles.",
+    ("phase", "outcome"), "meridian.spec_decode_draft_tokens", "tokens",
+)  # fmt: skip
+
 # -- KV tiers -----------------------------------------------------------------------------------
 KV_BLOCKS: Final = MetricSpec(
     "meridian_kv_blocks", G,
@@ -228,6 +240,7 @@ CATALOGUE: Final[tuple[MetricSpec, ...]] = (
     OUTPUT_ITL,
     REASONING_SECONDS,
     GENERATED_TOKENS,
+    DRAFT_TOKENS,
     KV_BLOCKS,
     KV_USED,
     KV_CAPACITY,
@@ -249,6 +262,7 @@ _INITIAL_VALUES: Final[Mapping[str, Mapping[str, tuple[str, ...]]]] = {
     PREEMPTIONS.name: {"phase": _PHASES_R},
     POLICY_ERRORS.name: {"where": POLICY_ERROR_SITES},
     GENERATED_TOKENS.name: {"phase": _PHASES_Q},
+    DRAFT_TOKENS.name: {"phase": _PHASES_Q, "outcome": DRAFT_OUTCOMES},
     KV_BLOCKS.name: {"phase": _PHASES_Q},
     KV_USED.name: {"tier": _TIERS},
     KV_EVICTIONS.name: {"tier": _TIERS},

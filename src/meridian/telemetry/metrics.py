@@ -89,6 +89,7 @@ class MeridianMetrics:
     """
 
     __slots__ = (
+        "_accepted",
         "_batch",
         "_collectors",
         "_evictions",
@@ -104,6 +105,7 @@ class MeridianMetrics:
         "_preemptions",
         "_queue",
         "_reasoning",
+        "_rejected",
         "_sink",
         "_think_tokens",
         "_tracked",
@@ -151,6 +153,10 @@ class MeridianMetrics:
         self._preemptions = {p: preemptions.labels(cat.phase_label(p)) for p in ROW_PHASES}
         generated = counter(cat.GENERATED_TOKENS)
         self._generated = {p: generated.labels(cat.phase_label(p)) for p in QUEUE_PHASES}
+        drafts = counter(cat.DRAFT_TOKENS)
+        accepted, rejected = cat.DRAFT_OUTCOMES
+        self._accepted = {p: drafts.labels(cat.phase_label(p), accepted) for p in QUEUE_PHASES}
+        self._rejected = {p: drafts.labels(cat.phase_label(p), rejected) for p in QUEUE_PHASES}
         kv_blocks = gauge(cat.KV_BLOCKS)
         self._kv_blocks = {p: kv_blocks.labels(cat.phase_label(p)) for p in QUEUE_PHASES}
         kv_used = gauge(cat.KV_USED)
@@ -301,6 +307,18 @@ class MeridianMetrics:
         """``n`` more tokens were generated in ``phase`` (THINK or OUTPUT)."""
         _child(self._generated, phase, "generated tokens").inc(n)
         self._mirror(cat.GENERATED_TOKENS, n, (cat.phase_label(phase),))
+
+    def count_draft_tokens(self, phase: Phase, accepted: int, rejected: int) -> None:
+        """Speculative decoding: ``accepted`` and ``rejected`` more draft tokens of requests in
+        ``phase`` (THINK, undecided ones included, or OUTPUT) when they were proposed."""
+        label = cat.phase_label(phase)
+        for children, outcome, n in (
+            (self._accepted, cat.DRAFT_OUTCOMES[0], accepted),
+            (self._rejected, cat.DRAFT_OUTCOMES[1], rejected),
+        ):
+            if n:
+                _child(children, phase, "draft tokens").inc(n)
+                self._mirror(cat.DRAFT_TOKENS, n, (label, outcome))
 
     # -- KV tiers ---------------------------------------------------------------------------------
 

@@ -198,7 +198,8 @@ class OtlpTracer(Tracer):
         except ImportError as exc:
             raise ConfigError(
                 "telemetry.otlp_enabled is true but OpenTelemetry is not installed "
-                f"({exc.name} is missing); install the otel extra: pip install 'meridian[otel]'"
+                f"({exc.name} is missing); install the otel extra: "
+                "pip install 'vllm-meridian[otel]'"
             ) from None
         self._resource = Resource.create({"service.name": service_name})
         self._provider = TracerProvider(resource=self._resource)

@@ -24,6 +24,7 @@ __all__ = [
     "LOGITS_PROCESSOR",
     "LOGITS_PROCESSOR_V2",
     "SCHEDULER_CLS",
+    "SHADOW_ASYNC_SCHEDULER_CLS",
     "SHADOW_SCHEDULER_CLS",
 ]
 
@@ -33,7 +34,10 @@ SCHEDULER_CLS = "meridian.vllm.scheduler.MeridianScheduler"
 ASYNC_SCHEDULER_CLS = "meridian.vllm.scheduler.MeridianAsyncScheduler"
 #: Stock order with Meridian's counters: the baseline of A/B runs.
 SHADOW_SCHEDULER_CLS = "meridian.vllm.scheduler.MeridianShadowScheduler"
-#: ``--logits-processors`` for the V1 model runner (the CPU default).
+#: The same baseline for asynchronous scheduling.
+SHADOW_ASYNC_SCHEDULER_CLS = "meridian.vllm.scheduler.MeridianShadowAsyncScheduler"
+#: ``--logits-processors`` for the V1 model runner (the CPU build's; vLLM 0.33's GPU build uses
+#: it only where V2 cannot run: :mod:`meridian.vllm.resolve` asks vLLM which runner it picks).
 LOGITS_PROCESSOR = "meridian.vllm.logits:MeridianLogitsProcessor"
-#: ``--logits-processors`` for the V2 model runner (the GPU default).
+#: ``--logits-processors`` for the V2 model runner (vLLM 0.33's GPU default).
 LOGITS_PROCESSOR_V2 = "meridian.vllm.logits:MeridianLogitsProcessorV2"

@@ -19,7 +19,9 @@ Per-request knobs in ``SamplingParams.extra_args`` (:func:`~meridian.vllm.runtim
 parse_request_budget`): ``meridian_max_think_tokens`` (positive int, replaces the hard cap) and
 ``meridian_forcing`` (``"on"``/``"off"``). Invalid values are rejected at admission by
 ``validate_params`` (HTTP 400 for that request; offline, an exception from ``generate``); the
-other requests are unaffected.
+other requests are unaffected. A request whose own ``allowed_token_ids`` or ``bad_words`` forbid
+a token a force emits is never forced: the client's restriction wins
+(:meth:`~meridian.vllm.runtime.MeridianRuntime.request_budget`).
 
 Fail open: an exception in Meridian's per-step code is logged once, counted in
 ``num_errors``, and the logits are returned untouched for that step.
@@ -34,6 +36,8 @@ import logging
 import math
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +48,7 @@ from meridian.core.budget import BudgetPolicy, RequestBudget
 from meridian.core.forcing import ForceRecord, ThinkForcer
 from meridian.core.types import ForceReason
 from meridian.telemetry.metrics import MeridianMetrics
+from meridian.vllm.failopen import FailOpen
 from meridian.vllm.runtime import MeridianRuntime, parse_request_budget, runtime_from_vllm_config
 
 __all__ = ["MeridianLogitsProcessor", "MeridianLogitsProcessorV2", "entropy_torch"]
@@ -89,6 +94,16 @@ def _force_rows(logits: torch.Tensor, rows: list[int], token_ids: list[int]) -> 
     logits[row_t, tok_t] = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Drafts:
+    """One request's draft rows in a step (speculative decoding): their row indices and input
+    tokens, in order (row ``j`` sees the committed tokens and ``tokens[: j + 1]``)."""
+
+    key: str
+    rows: list[int]
+    tokens: list[int]
+
+
 class _ProcessorCore:
     """What both interfaces share: runtime, policy, forcer, error accounting."""
 
@@ -100,13 +115,16 @@ class _ProcessorCore:
         # Reaches /metrics like the scheduler's metrics ($PROMETHEUS_MULTIPROC_DIR).
         self.metrics = MeridianMetrics(CollectorRegistry())
         self.forcer = ThinkForcer(
-            runtime.model,
+            runtime.format,
             BudgetPolicy(config.scheduler, config.entropy),
             self._count_force,
             transition=runtime.transition_ids,
         )
-        self.num_errors = 0
-        self._logged: set[tuple[str, str]] = set()
+        self.fail_open = FailOpen(
+            self.metrics, logger, "logits processor", metric_hook="logits_processor"
+        )
+        # Requests whose own sampling restrictions turned their forcing off (_restricted).
+        self.num_restricted = 0
         self._generation = 0
         # Wall time in step() (the per-step work between the forward pass and sampling), and
         # its calls: benchmarks/bench_vllm_overhead.py reports it per step.
@@ -122,57 +140,87 @@ class _ProcessorCore:
         self._generation += 1
         return f"{slot}:{self._generation}"
 
-    @staticmethod
-    def budget_of(params: Any) -> RequestBudget | None:
-        extra = getattr(params, "extra_args", None) if params is not None else None
+    def budget_of(self, params: Any) -> RequestBudget | None:
         try:
-            return parse_request_budget(extra)
+            return self.runtime.request_budget(params, self._restricted)
         except ValueError as exc:
             # validate_params rejects these at admission; reaching here means the processor
             # was not consulted then (e.g. loaded differently). Documented fallback: defaults.
             logger.warning("Meridian: ignoring invalid extra_args (%s); using defaults", exc)
             return None
 
-    def step(self, logits: torch.Tensor, rows: list[tuple[int, str]]) -> torch.Tensor:
-        """Sync, measure and force ``rows`` (``(row index, key)`` pairs) of ``logits``."""
+    def _restricted(self) -> None:
+        """A request's own allowed_token_ids or bad_words forbid a token a force would emit:
+        its forcing is off (the client's restriction wins); counted, and logged once."""
+        self.num_restricted += 1
+        if self.num_restricted == 1:
+            logger.warning(
+                "Meridian: a request's own allowed_token_ids or bad_words forbid a token a force "
+                "emits (think_end ids %s): the client's restriction wins, forcing is off for it "
+                "(further such requests are counted in num_restricted, not logged)",
+                list(self.runtime.think_end_ids),
+            )
+
+    def step(
+        self, logits: torch.Tensor, rows: list[tuple[int, str]], drafts: Sequence[_Drafts] = ()
+    ) -> torch.Tensor:
+        """Sync, measure and force ``rows`` (``(row index, key)`` pairs: each request's row of
+        its last committed token) of ``logits``; then the ``drafts`` rows (speculative decoding,
+        :class:`_Drafts`)."""
         start = time.perf_counter()
         try:
-            return self._step(logits, rows)
+            return self._step(logits, rows, drafts)
         finally:
             self.step_s += time.perf_counter() - start
             self.num_steps += 1
 
-    def _step(self, logits: torch.Tensor, rows: list[tuple[int, str]]) -> torch.Tensor:
+    def _step(
+        self, logits: torch.Tensor, rows: list[tuple[int, str]], drafts: Sequence[_Drafts]
+    ) -> torch.Tensor:
         forcer = self.forcer
         keys = [key for _, key in rows]
         wanted = forcer.prepare(keys)
-        if wanted:
-            index = torch.tensor(
-                [rows[i][0] for i in wanted], dtype=torch.long, device=logits.device
-            )
+        measured = [rows[i][0] for i in wanted]
+        # Draft rows are measured with the others (one kernel, one read) when they may count.
+        spec = [d for d in drafts if forcer.wants_draft_entropy(d.key)]
+        for d in spec:
+            measured.extend(d.rows)
+        values: list[float] = []
+        if measured:
+            index = torch.tensor(measured, dtype=torch.long, device=logits.device)
             values = entropy_torch(logits.index_select(0, index)).tolist()
-            for i, h in zip(wanted, values, strict=True):
+            for i, h in zip(wanted, values[: len(wanted)], strict=True):
                 if math.isfinite(h):
                     forcer.observe_entropy(keys[i], max(h, 0.0))
         forced = forcer.forced_tokens(keys)
-        if forced:
-            _force_rows(logits, [rows[i][0] for i, _ in forced], [token for _, token in forced])
+        force_rows = [rows[i][0] for i, _ in forced]
+        force_ids = [token for _, token in forced]
+        if drafts:
+            entropies: dict[str, list[float]] = {}
+            at = len(wanted)
+            for d in spec:
+                entropies[d.key] = values[at : at + len(d.rows)]
+                at += len(d.rows)
+            for d in drafts:
+                hs = entropies.get(d.key) or [math.nan] * len(d.rows)
+                for row, token in zip(d.rows, forcer.speculate(d.key, d.tokens, hs), strict=True):
+                    if token is not None:
+                        force_rows.append(row)
+                        force_ids.append(token)
+        if force_rows:
+            _force_rows(logits, force_rows, force_ids)
         return logits
 
+    @property
+    def num_errors(self) -> int:
+        """Exceptions in Meridian's per-step code that left the logits untouched (failed open)."""
+        num_errors: int = self.fail_open.num_errors
+        return num_errors
+
     def error(self, where: str, exc: Exception) -> None:
-        self.num_errors += 1
-        self.metrics.count_policy_error("logits_processor")
-        key = (where, type(exc).__name__)
-        if key in self._logged:
-            return
-        self._logged.add(key)
-        logger.error(
-            "Meridian logits processor error in %s; logits left untouched this step "
-            "(further %s errors are counted, not logged)",
-            where,
-            type(exc).__name__,
-            exc_info=exc,
-        )
+        """Fail open: count and log (once per kind) an exception in ``where``; the logits of
+        that step are left untouched by the caller."""
+        self.fail_open.error(where, exc)
 
 
 class MeridianLogitsProcessor(LogitsProcessor):
@@ -277,7 +325,7 @@ class MeridianLogitsProcessor(LogitsProcessor):
             self._release_finished()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self._keys or not self.core.runtime.model.has_boundaries:
+        if not self._keys or not self.core.runtime.format.has_boundaries:
             return logits
         num_rows = logits.shape[0]
         rows = [(i, k) for i, k in self._keys.items() if i < num_rows]
@@ -286,6 +334,51 @@ class MeridianLogitsProcessor(LogitsProcessor):
         except Exception as exc:
             self.core.error("apply", exc)
             return logits
+
+
+@dataclass(frozen=True, slots=True)
+class _StepRows:
+    """One request's rows in a V2 step: the row of its last committed token (``row``, at
+    ``pos``, input ``token``) and its draft rows with their input tokens."""
+
+    slot: int
+    row: int
+    pos: int
+    token: int
+    draft_rows: list[int]
+    draft_tokens: list[int]
+
+
+def _step_rows(
+    slots: list[int],
+    local_pos: list[int],
+    positions: list[int],
+    inputs: list[int],
+    prefill_len: Any,
+) -> list[_StepRows]:
+    """The requests of a V2 step from its layout read to the host (``LogitsContext``'s
+    ``expanded_idx_mapping``, ``expanded_local_pos``, ``pos``, ``input_ids``): a request's rows
+    are consecutive, offset 0 first. A request whose row is not its prompt's last (a chunk of
+    a prefill: no token is sampled) is left out; its drafts end at a placeholder (``-1``)."""
+    requests: list[_StepRows] = []
+    current: _StepRows | None = None
+    stopped = False
+    for row, slot in enumerate(slots):
+        if local_pos[row] == 0:
+            pos = positions[row]
+            current = None
+            if pos + 1 >= int(prefill_len[slot]):
+                current = _StepRows(slot, row, pos, inputs[row], [], [])
+                requests.append(current)
+            stopped = False
+        elif current is not None and slot == current.slot and not stopped:
+            token = inputs[row]
+            if token < 0:
+                stopped = True
+            else:
+                current.draft_rows.append(row)
+                current.draft_tokens.append(token)
+    return requests
 
 
 try:
@@ -302,13 +395,23 @@ if _V2LogitsProcessor is not None:
         """V2-interface processor (``vllm.v1.worker.gpu.sample.logits_processor``).
 
         V2 hands processors no token lists: the committed tokens live on the device in
-        ``req_states.all_token_ids`` and this step's input token of each row is
-        ``ctx.input_ids``. Per row, the token at position ``pos`` (the last committed one) is
-        an output token when ``pos >= prompt_len``; a request entering with several output
-        tokens already (resumed after preemption) has them read from ``all_token_ids`` once.
-        NOTE: this reads ``input_ids``/``pos`` to the host each step (one small device sync),
-        acceptable for a first version; speculative decoding (several rows per request) is not
-        supported and such rows are left untouched.
+        ``req_states.all_token_ids`` (valid up to ``total_len``), and a step's rows are
+        described by the ``LogitsContext``: per row its request slot
+        (``expanded_idx_mapping``), its offset among its request's rows
+        (``expanded_local_pos``), its position and its input token. A request's first row
+        (offset 0) is that of its last committed token, at position ``total_len - 1``; under
+        speculative decoding each further row is a draft token's (vLLM's own V2
+        ``thinking_budget`` reads the rows the same way).
+
+        Per step: the step's layout is read to the host at once (one small device sync); each
+        request's output view is brought up to its first row's position, with the row's input
+        token when one token is new (the common step) and from ``all_token_ids`` when several
+        are (accepted drafts, a request resumed with output tokens, read in one batch); the
+        first rows go through the shared step (:class:`_ProcessorCore`) and the draft rows
+        through :meth:`ThinkForcer.speculate` (each row sees the drafts before it; the drafts
+        the engine accepts are settled at the next step from the committed tokens, so rejected
+        ones leave no trace). Rows of a request still prefilling (no token sampled) and
+        placeholder drafts (``-1``) are left untouched.
         """
 
         @classmethod
@@ -336,10 +439,10 @@ if _V2LogitsProcessor is not None:
             self._outputs.pop(req_idx, None)
             # Tokens are known only at the first apply() (after the runner's staged writes).
             self._pending[req_idx] = sampling_params
-            return self.core.runtime.model.has_boundaries
+            return self.core.runtime.format.has_boundaries
 
         def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
-            if not self.core.runtime.model.has_boundaries:
+            if not self.core.runtime.format.has_boundaries:
                 return logits
             try:
                 return self._apply(logits, ctx)
@@ -348,36 +451,79 @@ if _V2LogitsProcessor is not None:
                 return logits
 
         def _apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
-            slots = ctx.expanded_idx_mapping.tolist()
-            if len(slots) != len(set(slots)):
-                return logits  # speculative decoding: several rows per request
-            positions = ctx.pos.tolist()
-            inputs = ctx.input_ids.tolist()
-            prompt_len = self.req_states.prompt_len.np
+            # The step's layout on the host: one read (one device sync).
+            slots, local_pos, positions, inputs = torch.stack(
+                (
+                    ctx.expanded_idx_mapping.long(),
+                    ctx.expanded_local_pos.long(),
+                    ctx.pos.long(),
+                    ctx.input_ids.long(),
+                )
+            ).tolist()
+            req_states, keys, outputs = self.req_states, self._keys, self._outputs
+            prompt_len = req_states.prompt_len.np
+            # Token ranges to read from the device in one batch, (slot, start, end), and this
+            # step's requests, each with whether it has a range there.
+            reads: list[tuple[int, int, int]] = []
+            requests: list[tuple[_StepRows, bool]] = []
+            for req in _step_rows(slots, local_pos, positions, inputs, req_states.prefill_len.np):
+                slot = req.slot
+                if slot in self._pending:
+                    reads.append((slot, 0, req.pos + 1))  # the prompt and any output
+                    requests.append((req, True))
+                elif slot in keys:
+                    output, plen = outputs[slot], int(prompt_len[slot])
+                    new = req.pos + 1 - plen - len(output)
+                    if new == 1:  # the common step: the row's input is the new token
+                        output.append(req.token)
+                    elif new > 1:  # accepted drafts (or resumed): from the device
+                        reads.append((slot, plen + len(output), req.pos + 1))
+                    requests.append((req, new > 1))
+            read = iter(self._read(reads))
             rows: list[tuple[int, str]] = []
-            for row, slot in enumerate(slots):
-                plen = int(prompt_len[slot])
-                pos = int(positions[row])
+            drafts: list[_Drafts] = []
+            for req, has_read in requests:
+                slot = req.slot
                 if slot in self._pending:
                     params = self._pending.pop(slot)
-                    committed = self.req_states.all_token_ids.gpu[slot, plen : pos + 1]
-                    prompt = self.req_states.all_token_ids.gpu[slot, :plen].tolist()
-                    output = [int(t) for t in committed.tolist()]
-                    self._outputs[slot] = output
-                    key = self.core.new_key(slot)
+                    plen = int(prompt_len[slot])
+                    history = next(read)
+                    output = outputs[slot] = history[plen:]
+                    key = keys[slot] = self.core.new_key(slot)
                     self.core.forcer.add(
-                        key, prompt=prompt, output=output, budget=self.core.budget_of(params)
+                        key,
+                        prompt=history[:plen],
+                        output=output,
+                        budget=self.core.budget_of(params),
                     )
-                    self._keys[slot] = key
-                elif slot in self._keys:
-                    output = self._outputs[slot]
-                    index = pos - plen
-                    if index == len(output):
-                        output.append(int(inputs[row]))
                 else:
-                    continue
-                rows.append((row, self._keys[slot]))
-            return self.core.step(logits, rows)
+                    key = keys[slot]
+                    if has_read:
+                        outputs[slot].extend(next(read))
+                rows.append((req.row, key))
+                if req.draft_rows:
+                    drafts.append(_Drafts(key, req.draft_rows, req.draft_tokens))
+            return self.core.step(logits, rows, drafts)
+
+        def _read(self, reads: list[tuple[int, int, int]]) -> list[list[int]]:
+            """The committed tokens ``[start, end)`` of each ``(slot, start, end)``, read from
+            ``all_token_ids`` in one gather (one device read)."""
+            if not reads:
+                return []
+            ids = self.req_states.all_token_ids.gpu
+            slots = [slot for slot, start, end in reads for _ in range(start, end)]
+            cols = [col for _, start, end in reads for col in range(start, end)]
+            device = ids.device
+            flat = ids[
+                torch.tensor(slots, dtype=torch.long, device=device),
+                torch.tensor(cols, dtype=torch.long, device=device),
+            ].tolist()
+            chunks: list[list[int]] = []
+            at = 0
+            for _, start, end in reads:
+                chunks.append(flat[at : at + end - start])
+                at += end - start
+            return chunks
 
 else:  # pragma: no cover
     MeridianLogitsProcessorV2 = None  # type: ignore[assignment,misc]

@@ -28,10 +28,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from meridian.config import (
     BoundaryIds,
@@ -42,18 +42,22 @@ from meridian.config import (
 )
 from meridian.config.boundaries import TokenizerLike
 from meridian.core.budget import RequestBudget, Signals
-from meridian.core.router import ReasoningModel
+from meridian.core.format import ReasoningFormat
+from meridian.core.interface import output_budget_setting
 from meridian.errors import BoundaryError, ConfigError, MeridianError
 
 __all__ = [
     "ENV_CONFIG",
     "ENV_MODEL",
+    "ENV_OUTPUT_BUDGET_ROWS",
     "GENERIC_THINK_TAGS",
     "KNOB_FORCING",
     "KNOB_MAX_THINK_TOKENS",
     "KNOB_SIGNALS",
     "MeridianRuntime",
     "RequestArgsError",
+    "forbids_forced_tokens",
+    "output_budget_rows",
     "parse_request_budget",
     "resolve_runtime",
     "runtime_from_vllm_config",
@@ -100,7 +104,7 @@ class MeridianRuntime:
     config: MeridianConfig
     config_source: Path | None
     model_name: str
-    model: ReasoningModel
+    format: ReasoningFormat
     boundaries: BoundaryIds | None
     reason: str
     transition_ids: tuple[int, ...] = ()
@@ -108,7 +112,64 @@ class MeridianRuntime:
     @property
     def think_end_ids(self) -> tuple[int, ...]:
         """The token ids that close the think phase (``()`` without reasoning)."""
-        return self.model.think_end
+        return self.format.think_end
+
+    def request_budget(
+        self, params: Any, on_restricted: Callable[[], None] | None = None
+    ) -> RequestBudget | None:
+        """The budget of a request with these ``SamplingParams``: its ``meridian_*`` knobs
+        (:func:`parse_request_budget`, whose :class:`RequestArgsError` it raises), with forcing
+        off when the client's own ``allowed_token_ids`` or ``bad_words`` forbid a token a force
+        would emit (:func:`forbids_forced_tokens`; ``on_restricted()`` is called then): the
+        client's restriction wins. The logits processor (what it forces) and the scheduler
+        (which forces it infers from the tokens) both read a request's budget here.
+        """
+        budget = parse_request_budget(getattr(params, "extra_args", None))
+        if (budget is not None and not budget.forcing) or not self.format.has_boundaries:
+            return budget
+        allowed = getattr(params, "allowed_token_ids", None)
+        bad_words = getattr(params, "bad_words_token_ids", None)
+        if not (allowed or bad_words) or not forbids_forced_tokens(
+            (*self.transition_ids, *self.format.think_end), allowed, bad_words
+        ):
+            return budget
+        if on_restricted is not None:
+            on_restricted()
+        if budget is None:
+            return _request_budget(None, False, Signals.ALL)
+        return _request_budget(budget.max_think_tokens, False, budget.signals)
+
+
+def forbids_forced_tokens(
+    forced: Sequence[int],
+    allowed_token_ids: Sequence[int] | None,
+    bad_words_token_ids: Sequence[Sequence[int]] | None,
+) -> bool:
+    """Whether a client's restrictions forbid a token of ``forced`` (what a force emits, in
+    order: the transition phrase, then ``think_end``).
+
+    ``allowed_token_ids`` forbids every token it does not list. A bad word (its token ids, as
+    vLLM's ``SamplingParams.bad_words_token_ids`` holds them) bans its last token wherever the
+    output ends with the rest of it: it may ban forced token ``j`` when it ends with that token
+    and the rest of it agrees with the forced tokens before ``j`` as far as they go (before
+    them come the model's own tokens, which may match the remainder).
+
+    >>> forbids_forced_tokens((9,), None, [[9]]), forbids_forced_tokens((9,), [1, 2], None)
+    (True, True)
+    >>> forbids_forced_tokens((5, 6, 9), None, [[7, 9]])  # "…7 9" never ends a force
+    False
+    """
+    if allowed_token_ids and not set(allowed_token_ids).issuperset(forced):
+        return True
+    for word in bad_words_token_ids or ():
+        if not word:
+            continue
+        *rest, last = word
+        for j, token in enumerate(forced):
+            k = min(j, len(rest))
+            if token == last and list(forced[j - k : j]) == rest[len(rest) - k :]:
+                return True
+    return False
 
 
 def _vocab(tokenizer: TokenizerLike | None) -> Mapping[str, int]:
@@ -139,13 +200,13 @@ def resolve_runtime(
     cfg = config if config is not None else MeridianConfig()
     runtime = _resolve_family(tokenizer, cfg, config_source, model_name, reasoning_parser)
     phrase = cfg.scheduler.force_transition_phrase
-    if not phrase or not runtime.model.has_boundaries:
+    if not phrase or not runtime.format.has_boundaries:
         return runtime
-    return replace(runtime, transition_ids=transition_ids(phrase, tokenizer, runtime.model))
+    return replace(runtime, transition_ids=transition_ids(phrase, tokenizer, runtime.format))
 
 
 def transition_ids(
-    phrase: str, tokenizer: TokenizerLike | None, model: ReasoningModel
+    phrase: str, tokenizer: TokenizerLike | None, model: ReasoningFormat
 ) -> tuple[int, ...]:
     """``phrase`` in the model's tokens, checked to be usable before ``think_end``."""
     field = "scheduler.force_transition_phrase"
@@ -212,7 +273,7 @@ def _resolve_family(
         ENV_MODEL,
     )
     return MeridianRuntime(
-        cfg, config_source, "none", ReasoningModel.without_reasoning(), None, "no boundaries"
+        cfg, config_source, "none", ReasoningFormat.without_reasoning(), None, "no boundaries"
     )
 
 
@@ -225,7 +286,7 @@ def _runtime(
     reason: str,
 ) -> MeridianRuntime:
     return MeridianRuntime(
-        cfg, source, name, ReasoningModel.from_boundaries(definition, ids), ids, reason
+        cfg, source, name, ReasoningFormat.from_boundaries(definition, ids), ids, reason
     )
 
 
@@ -317,3 +378,29 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
 def _request_budget(cap: int | None, forcing: bool, signals: Signals) -> RequestBudget:
     """One shared (immutable) :class:`RequestBudget` per distinct knob setting."""
     return RequestBudget(max_think_tokens=cap, forcing=forcing, signals=signals)
+
+
+# Rows per step that keep answer streams within scheduler.output_tpot_budget_ms: the config's
+# scheduler.output_budget_rows, overridden by this variable (it reaches the engine-core process
+# like $MERIDIAN_CONFIG). "auto": measured (meridian.core.output_budget); 0: the whole batch.
+ENV_OUTPUT_BUDGET_ROWS = "MERIDIAN_OUTPUT_BUDGET_ROWS"
+
+
+def output_budget_rows(configured: int | Literal["auto"]) -> int | Literal["auto"] | None:
+    """The output budget in force: ``scheduler.output_budget_rows`` (``configured``) unless
+    ``$MERIDIAN_OUTPUT_BUDGET_ROWS`` overrides it; rows, ``None`` (the whole batch) or
+    ``"auto"``."""
+    raw = os.environ.get(ENV_OUTPUT_BUDGET_ROWS, "").strip()
+    if not raw:
+        return output_budget_setting(configured)
+    if raw == "auto":
+        return "auto"
+    try:
+        rows = int(raw)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ConfigError(
+            f'${ENV_OUTPUT_BUDGET_ROWS} must be "auto" or a number of rows >= 0; got {raw!r}'
+        )
+    return output_budget_setting(rows)

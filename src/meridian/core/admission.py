@@ -1,0 +1,182 @@
+"""Admission: which waiting requests start first, and how many may start (ADR-0013).
+
+Two levers, both consulted by the engine adapter before each step:
+
+- **The waiting order** (``scheduler.admission_order``): chat requests first (``chat-first``,
+  the default), reasoning ones first, or the engine's own order. Preempted requests, and those
+  that have waited ``admission_order_max_wait_s`` (the starvation bound), go before both. The
+  adapter applies the order to its own waiting queue (core never touches an engine's queue).
+- **How many start** (``scheduler.admission = "headroom"``): only as many as keep the running
+  set's projected KV peak within the cache (:mod:`meridian.core.headroom`), once the length model
+  has seen enough finished requests and the cache holds enough of them; before that, and in
+  smaller caches, as many as keep every request's bound (prompt plus ``max_tokens``) within the
+  cache, while the bounds are tight. First of all, and cheaply: all of them, when the running and
+  waiting requests fit the cache together at their bounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
+
+import numpy as np
+
+from meridian.config.schema import SchedulerConfig
+from meridian.core.headroom import (
+    MIN_REQUESTS_IN_CACHE,
+    IntArray,
+    Kind,
+    LengthModel,
+    admissible,
+    bounded_admissible,
+    bounds_usable,
+)
+from meridian.core.interface import EngineRequest, PolicyStats, R
+from meridian.core.state import RequestState, reasoned
+from meridian.core.types import Phase
+
+__all__ = ["ADMISSION_CANDIDATES", "Admission"]
+
+# Waiting requests admission looks at: the head of the engine's waiting queue (both adapters
+# pass this many).
+ADMISSION_CANDIDATES = 64
+
+
+def _bounds(requests: Sequence[EngineRequest]) -> tuple[IntArray, IntArray]:
+    """Each request's tokens now and its bound: its prompt plus ``max_tokens``."""
+    tokens = np.fromiter((r.num_tokens for r in requests), np.int64, len(requests))
+    bounds = np.fromiter(
+        (r.num_prompt_tokens + r.max_tokens for r in requests), np.int64, len(requests)
+    )
+    return tokens, bounds
+
+
+def _bounds_fit(requests: Iterable[EngineRequest], num_blocks: int, block_size: int) -> bool:
+    """Whether ``requests`` fit in ``num_blocks`` together, each at its bound (prompt plus
+    ``max_tokens``): then admitting them can never leave one short of KV. The plain sum, not
+    :func:`~meridian.core.headroom.bounded_peak` (tighter, but a pass over every request each
+    step): it stops at the first request past the cache (under load, with loose bounds, after a
+    few)."""
+    left = num_blocks
+    for request in requests:
+        left -= -(-(request.num_prompt_tokens + request.max_tokens) // block_size)
+        if left < 0:
+            return False
+    return True
+
+
+class Admission:
+    """The waiting order and the admission count (module docstring).
+
+    ``states`` is the policy's table of tracked requests (read only; ``settle`` brings their
+    counts up to date before a projection reads them); ``stats`` counts the steps on which a
+    request was held back.
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        states: Mapping[str, RequestState],
+        settle: Callable[[], None],
+        stats: PolicyStats,
+        *,
+        block_size: int,
+        mode: Literal["headroom", "vllm"],
+    ) -> None:
+        self.states = states
+        self.settle = settle
+        self.stats = stats
+        self.block_size = block_size
+        self.mode = mode
+        self.reserve = float(config.admission_reserve)
+        # Which new requests start first: reasoning ones (True), chat ones (False), or None: the
+        # engine's order.
+        self.reasoning_first: bool | None = {"reasoning-first": True, "chat-first": False}.get(
+            config.admission_order
+        )
+        self.max_wait_s = float(config.admission_order_max_wait_s)
+        self.lengths = LengthModel()
+        # Whether admission went by the requests' bounds last time (headroom.bounds_usable).
+        self._bounded = False
+
+    def finished(self, st: RequestState, num_output_tokens: int) -> None:
+        """A request ran to its end after ``num_output_tokens``: its lengths teach the model."""
+        think = st.num_think_tokens if reasoned(st) else None
+        rest = max(0, num_output_tokens - st.num_think_tokens)
+        self.lengths.finished(think, rest, st.num_prompt_tokens)
+
+    def waiting_order(self, waiting: Sequence[R], now: float) -> list[R] | None:
+        """The head of the waiting queue in the order it should start, or ``None`` to keep the
+        engine's: preempted and starving requests first, then new requests of the preferred
+        kind (reasoning: thinking from their prompt on; chat: the others), then the rest, each
+        group in the engine's order."""
+        reasoning_first = self.reasoning_first
+        if reasoning_first is None or len(waiting) < 2:
+            return None
+        states, think = self.states, Phase.THINK
+        starved = now - self.max_wait_s
+        ranks = []
+        for request in waiting:
+            st = states.get(request.request_id)
+            if st is None or st.preempted or st.tracked_at <= starved:
+                ranks.append(0)
+            else:
+                ranks.append(1 if (st.phase is think) is reasoning_first else 2)
+        if all(a <= b for a, b in itertools.pairwise(ranks)):
+            return None
+        order = sorted(range(len(waiting)), key=ranks.__getitem__)
+        return [waiting[i] for i in order]
+
+    def admissions(self, running: Sequence[R], waiting: Sequence[R], num_blocks: int) -> int | None:
+        """How many of ``waiting`` (from the head, in the engine's order) may start this step;
+        ``None``: no limit from Meridian (the engine's own rules decide). ``num_blocks`` is the
+        cache's size in blocks."""
+        if self.mode != "headroom" or not waiting:
+            return None
+        lengths, bs = self.lengths, self.block_size
+        if _bounds_fit(itertools.chain(running, waiting), num_blocks, bs):
+            return len(waiting)  # all of them at their bounds fit: nothing to hold back
+        count: int | None
+        mean_size = lengths.mean_request_tokens
+        if lengths.ready and num_blocks * bs >= MIN_REQUESTS_IN_CACHE * mean_size:
+            blocks = lengths.expected_blocks(*self._progress([*running, *waiting]), bs)
+            grown, candidates = blocks[: len(running)], blocks[len(running) :]
+            count = admissible(grown, candidates, num_blocks * (1.0 - self.reserve))
+        else:
+            run, wait = _bounds(running), _bounds(waiting)
+            mean_bound = float(run[1].sum() + wait[1].sum()) / (len(running) + len(waiting))
+            self._bounded = bounds_usable(num_blocks * bs, mean_bound, mean_size, self._bounded)
+            if not self._bounded:
+                return None
+            count = bounded_admissible(run, wait, num_blocks, bs)
+            if count < len(waiting):
+                self.stats.num_bounded_holds += 1
+        if count < len(waiting):
+            self.stats.num_admissions_held += 1
+        return count
+
+    def _progress(
+        self, requests: Sequence[EngineRequest]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """Each request's :class:`~meridian.core.headroom.Kind`, progress and tokens now."""
+        self.settle()
+        kinds: list[int] = []
+        progress: list[int] = []
+        tokens: list[int] = []
+        states, output = self.states, Phase.OUTPUT
+        for request in requests:
+            num_tokens = request.num_tokens
+            tokens.append(num_tokens)
+            st = states.get(request.request_id)
+            if st is None:
+                kinds.append(Kind.THINKING)
+                progress.append(0)
+                continue
+            if st.phase is not output:
+                kinds.append(Kind.THINKING)
+                progress.append(st.num_think_tokens)
+            else:
+                kinds.append(Kind.ANSWERING if reasoned(st) else Kind.CHAT)
+                progress.append(num_tokens - st.num_prompt_tokens - st.num_think_tokens)
+        return kinds, progress, tokens

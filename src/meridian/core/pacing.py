@@ -1,0 +1,96 @@
+"""When each step's tokens came, and answer pacing: skip an answer stream that is ahead of pace.
+
+:class:`StepTimes` keeps the clock at each recent step's tokens (a ring indexed by step: two list
+stores a step, where a dict would hash, insert, delete and now and then rebuild). The tracker
+stamps it as it observes each step; answer gaps (what a stream waited between two tokens) and
+pacing read it.
+
+:class:`AnswerPacer` (``scheduler.answer_pace_ms``; 0, the default, turns it off, see
+ADR-0013): an answer stream whose next token would still come within the pace of its last one if
+it sat out this step (it would come at the end of the next step: now + 2 mean steps) is skipped,
+leaving the step to others. The mean step duration moves ``STEP_TIME_WEIGHT`` of the way to each
+new plan-to-plan interval.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from meridian.core.interface import R
+
+__all__ = ["PACE_HISTORY_STEPS", "STEP_TIME_WEIGHT", "AnswerPacer", "StepTimes"]
+
+# Answer pacing reads the token times of this many recent steps.
+PACE_HISTORY_STEPS = 64
+STEP_TIME_WEIGHT = 0.1
+
+
+class StepTimes:
+    """The clock when each of the last ``size`` steps' tokens were observed (``size`` 0: none
+    kept)."""
+
+    __slots__ = ("size", "steps", "times")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.steps = [-1] * size  # the step each slot was stamped for
+        self.times = [0.0] * size
+
+    def stamp(self, step: int, now: float) -> None:
+        """``step``'s tokens were observed at ``now``."""
+        i = step % self.size
+        self.steps[i] = step
+        self.times[i] = now
+
+    def at(self, step: int) -> float | None:
+        """The clock of ``step``'s tokens, while kept (``None``: not kept)."""
+        size = self.size
+        if size:
+            i = step % size
+            if self.steps[i] == step:
+                return self.times[i]
+        return None
+
+
+class AnswerPacer:
+    """Answer streams that can sit out a step and stay within ``pace_s`` (module docstring)."""
+
+    __slots__ = ("mean_step_s", "pace_s")
+
+    def __init__(self, pace_s: float) -> None:
+        self.pace_s = pace_s
+        self.mean_step_s = 0.0
+
+    def step_took(self, seconds: float) -> None:
+        """One more plan-to-plan interval of a busy engine."""
+        self.mean_step_s += STEP_TIME_WEIGHT * (seconds - self.mean_step_s)
+
+    def paced(
+        self,
+        order: Sequence[R],
+        now: float,
+        held: Sequence[R],
+        last_answer_step: Callable[[str], int | None],
+        token_time: Callable[[int], float | None],
+    ) -> list[R]:
+        """Answer streams of ``order`` to skip this step: each can skip it and still get its next
+        token within the pace of its last one. Never all of them with ``held`` (nothing would
+        run); ``held`` ones are not listed again."""
+        deadline = now + 2.0 * self.mean_step_s - self.pace_s
+        paced: list[R] = []
+        for request in order:
+            last = last_answer_step(request.request_id)
+            if last is not None:
+                t = token_time(last)
+                if (
+                    t is not None
+                    and t >= deadline
+                    and request.num_tokens - request.num_computed_tokens == 1
+                ):
+                    paced.append(request)
+        if not paced or len(paced) + len(held) >= len(order):
+            return []
+        if held:
+            held_ids = {id(r) for r in held}
+            paced = [r for r in paced if id(r) not in held_ids]
+        return paced
