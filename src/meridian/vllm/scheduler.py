@@ -408,12 +408,13 @@ class MeridianScheduler(Scheduler):
         """Track live requests that got tokens without passing through ``add_request``, their
         output so far included. vLLM adds requests only there, but its own tests fill
         ``requests`` and ``running`` by hand; tracked now, they are Meridian's from the next
-        step on (a tracking error is still one)."""
-        clock = self.meridian_policy.clock()
-        for rid in request_ids:
-            request = self.requests.get(rid)
-            if request is not None and not request.is_finished():
-                self._new_requests.setdefault(rid, (request, clock))
+        step on (a tracking error is still one). Called from an ``except`` clause, so nothing
+        here may raise: ``track`` reads the policy's clock inside ``_track_new``'s guard."""
+        with self.meridian_fail_open("update_from_output"):
+            for rid in request_ids:
+                request = self.requests.get(rid)
+                if request is not None and not request.is_finished():
+                    self._new_requests.setdefault(rid, (request, None))
         self._track_new()
 
     def make_spec_decoding_stats(
