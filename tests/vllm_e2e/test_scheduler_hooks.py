@@ -71,13 +71,9 @@ def test_paused_streaming_sessions_do_not_use_up_what_headroom_admits(tmp_path: 
     assert sched.meridian_policy_errors == 0
 
 
-def test_a_request_that_skipped_add_request_is_tracked_at_its_first_tokens(
-    tmp_path: Path,
-) -> None:
-    # vLLM adds requests only through add_request, but its own tests put them into `requests`
-    # and `running` by hand. Meridian tracks such a request when it first gets tokens, its
-    # output so far included; nothing fails open.
-    sched = scheduler(tmp_path)
+def _by_hand(sched: MeridianScheduler) -> Request:
+    """A running request put into the scheduler by hand, as vLLM's own tests do, after one step
+    of output for it."""
     req = request("r")
     req.num_computed_tokens = req.num_tokens
     req.status = RequestStatus.RUNNING
@@ -96,7 +92,33 @@ def test_a_request_that_skipped_add_request_is_tracked_at_its_first_tokens(
     sched.update_from_output(
         step, ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0}, sampled_token_ids=[[7]])
     )
+    return req
+
+
+def test_a_request_that_skipped_add_request_is_tracked_at_its_first_tokens(
+    tmp_path: Path,
+) -> None:
+    # vLLM adds requests only through add_request, but its own tests put them into `requests`
+    # and `running` by hand. Meridian tracks such a request when it first gets tokens, its
+    # output so far included; nothing fails open.
+    sched = scheduler(tmp_path)
+    _by_hand(sched)
     assert sched.meridian_policy_errors == 0
     assert sched.meridian_num_tracked == 1 and sched.meridian_policy.phase("r") is Phase.THINK
     sched.finish_requests("r", RequestStatus.FINISHED_ABORTED)
     assert sched.meridian_num_tracked == 0
+
+
+def test_a_fault_while_tracking_such_a_request_fails_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Tracking it happens while the step's tokens are handled: a fault there (here the policy's
+    # clock) is counted, and vLLM's step goes on.
+    sched = scheduler(tmp_path)
+
+    def broken() -> float:
+        raise RuntimeError("clock")
+
+    monkeypatch.setattr(sched.meridian_policy, "clock", broken)
+    _by_hand(sched)
+    assert sched.meridian_policy_errors >= 1 and sched.meridian_num_tracked == 0
