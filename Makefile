@@ -13,7 +13,7 @@ VLLM_GPU_VENV := .venv-vllm-gpu
 VLLM_GPU_STAMP := $(VLLM_GPU_VENV)/.installed
 
 .PHONY: venv vllm-venv vllm-gpu-venv clients-venv test lint typecheck unit test-vllm train-reasoner \
-	test-vllm-gpu bench-sim bench-sim-vllm bench-vllm bench-clients clean
+	test-vllm-gpu test-vllm-peer bench-sim bench-sim-vllm bench-vllm bench-clients clean
 
 venv: $(STAMP)
 
@@ -61,7 +61,14 @@ test-vllm: vllm-venv
 test-vllm-gpu: vllm-gpu-venv
 	MERIDIAN_REQUIRE_VLLM=1 MERIDIAN_EXPECT_VLLM=0.33.0 $(VLLM_GPU_VENV)/bin/python -m pytest -q \
 		tests/vllm_e2e/test_sim_vllm.py tests/vllm_e2e/test_engine_resolution.py \
-		tests/vllm_e2e/test_vllm_logits_v2.py
+		tests/vllm_e2e/test_vllm_logits_v2.py tests/vllm_e2e/test_scheduler_hooks.py
+
+## vLLM's own scheduler tests (tests/v1/core of each line's source distribution, fetched into
+## .cache/) on stock vLLM and with Meridian's classes: the peer suite (docs/vllm.md).
+test-vllm-peer: vllm-venv vllm-gpu-venv
+	bash scripts/fetch-vllm-tests.sh 0.32.0 0.33.0
+	$(VLLM_BIN)/python tests/vllm_peer/run.py --line 0.32.0
+	$(VLLM_GPU_VENV)/bin/python tests/vllm_peer/run.py --line 0.33.0
 
 ## Benchmark clients (GuideLLM) in their own environment, pinned in requirements-clients.lock
 ## (not needed by the tests; several GB, as GuideLLM pulls torch).
@@ -77,8 +84,9 @@ clients-venv: .venv-clients/.installed
 bench-clients: vllm-venv clients-venv
 	$(VLLM_BIN)/python benchmarks/bench_clients.py
 
-## The whole test suite: lint, types, tests, the vLLM end-to-end group, and both vLLM lines.
-test: lint typecheck unit test-vllm test-vllm-gpu
+## The whole test suite: lint, types, tests, the vLLM end-to-end group, both vLLM lines, and
+## vLLM's own scheduler tests on both lines.
+test: lint typecheck unit test-vllm test-vllm-gpu test-vllm-peer
 
 ## The main job: the default simulator A/B at a load where stock vLLM preempts (16 req/s, 60 s),
 ## fast engine: what scheduling did with forcing held equal, and what forcing did.

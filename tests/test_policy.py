@@ -235,6 +235,37 @@ def test_answer_streams_hold_rather_than_preempt_each_other() -> None:
     assert not policy.plan([*answers, t], step=4, num_free_blocks=0).skip
 
 
+def test_without_reasoning_the_engine_order_and_admission_stand() -> None:
+    # A model without reasoning: every request is an answer stream and Meridian's rules, which
+    # arbitrate between the phases, have nothing to decide. The scenes where a policy with
+    # reasoning holds an answer stream (the test above), admits by bounds and reorders the
+    # waiting queue: the engine's order and admission stand, and tracking goes on.
+    def scene(policy: MeridianPolicy) -> tuple[Any, int | None, Any]:
+        answers = [admitted(policy, f"o{i}", PLAIN_PROMPT) for i in range(4)]
+        for r in answers:
+            r.max_tokens = 13
+        emit_step(policy, 1, [(r, 9) for r in answers])
+        emit_step(policy, 2, [(r, 9) for r in answers])
+        plan = policy.plan(answers, step=3, num_free_blocks=1)
+        waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT, max_tokens=13) for i in range(40)]
+        allowed = policy.admissions(answers, waiting, 64)
+        for r in waiting[:3]:
+            policy.track(r.request_id, r.prompt)
+        policy.on_preempt("o3")
+        return plan, allowed, policy.waiting_order([*waiting[:3], answers[3]])
+
+    plan, allowed, order = scene(make_policy())  # the same scene, a model with reasoning
+    assert plan.skip and allowed is not None and order is not None
+    policy = MeridianPolicy(
+        ReasoningFormat.without_reasoning(), SchedulerConfig(), block_size=4, capacity=64
+    )
+    assert policy.stands_aside and not make_policy().stands_aside
+    plan, allowed, order = scene(policy)
+    assert not plan.skip and not plan.victims and ids(plan.order) == ["o0", "o1", "o2", "o3"]
+    assert allowed is None and order is None
+    assert policy.stats.num_answer_holds == 0 and policy.num_tracked == 7
+
+
 def test_answer_gaps_and_inferred_caps() -> None:
     policy = make_policy()
     r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))

@@ -24,6 +24,11 @@ Planner`: dual queue, victims, answer hold, pacing), admission (:class:`~meridia
 admission.Admission`) and the output budget (:class:`~meridian.core.output_budget.OutputBudget`).
 :class:`TrackingPolicy` is the part every policy needs (the simulator's Pascal baseline plans on
 top of it); :class:`MeridianPolicy` adds Meridian's plan and admission.
+
+A model without reasoning (no think boundaries) has one phase, so none of Meridian's rules
+applies: the policy stands aside (``MeridianPolicy.stands_aside``), keeping the engine's order,
+preemption and admission, and only tracks and counts (vLLM's own scheduler tests pass unchanged
+with it, docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -318,6 +323,12 @@ class MeridianPolicy(TrackingPolicy):
             block_size=block_size,
             mode=admission,
         )
+        # A model without reasoning: every request is an answer stream, and every rule of the
+        # plan and of admission arbitrates between the phases (answers before thinking, thinking
+        # preempted first, an answer held rather than another preempted, room kept for growth
+        # while reasoning runs long). With one phase there is nothing to arbitrate: the engine's
+        # order, preemption and admission stand, as TrackingPolicy's; tracking and counting go on.
+        self.stands_aside = not fmt.has_boundaries
 
     def _history(self, config: SchedulerConfig) -> int:
         return PACE_HISTORY_STEPS if config.answer_pace_ms else 0
@@ -377,8 +388,10 @@ class MeridianPolicy(TrackingPolicy):
 
     def on_step(self, num_rows: int, num_tokens: int) -> None:
         """A decode-only step (one token per row) is timed until the next ``plan``: its duration
-        is what an answer stream waits between tokens, a sample of the output-budget fit."""
-        self.budget.scheduled(num_rows, num_tokens, self.planner.plan_time)
+        is what an answer stream waits between tokens, a sample of the output-budget fit
+        (standing aside, no plan applies the budget: nothing is timed)."""
+        if not self.stands_aside:
+            self.budget.scheduled(num_rows, num_tokens, self.planner.plan_time)
 
     def on_idle(self) -> None:
         """The time until the next step is no step's time, and the last step's batch sizes are
@@ -388,19 +401,25 @@ class MeridianPolicy(TrackingPolicy):
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         """The plan of the coming step over ``running`` (:mod:`meridian.core.planner`);
-        ``num_free_blocks`` is the engine's free KV block count."""
+        ``num_free_blocks`` is the engine's free KV block count. Standing aside: the engine's."""
+        if self.stands_aside:
+            return super().plan(running, step, num_free_blocks)
         return self.planner.plan(running, step, num_free_blocks)
 
     def waiting_order(self, waiting: Sequence[R]) -> list[R] | None:
         """The head of the waiting queue in the order it should start, or ``None`` to keep the
         engine's (:meth:`Admission.waiting_order <meridian.core.admission.Admission.
         waiting_order>`)."""
+        if self.stands_aside:
+            return None
         return self.admission.waiting_order(waiting, self.clock())
 
     def admissions(self, running: Sequence[R], waiting: Sequence[R], num_blocks: int) -> int | None:
         """How many of ``waiting`` (from the head, in the engine's order) may start this step;
         ``None``: no limit from Meridian (:meth:`Admission.admissions <meridian.core.admission.
         Admission.admissions>`)."""
+        if self.stands_aside:
+            return None
         return self.admission.admissions(running, waiting, num_blocks)
 
     def check_integrity(self) -> None:

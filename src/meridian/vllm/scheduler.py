@@ -58,6 +58,7 @@ from meridian.core.policy import (
     MeridianPolicy,
     PolicyStats,
     TrackingPolicy,
+    UntrackedRequestsError,
 )
 from meridian.errors import ConfigError
 from meridian.telemetry.metrics import MeridianMetrics
@@ -308,12 +309,20 @@ class MeridianScheduler(Scheduler):
                                 waiting.popleft()
                             waiting.extendleft(reversed(order))
                             head = order
+                    # vLLM starts the requests that hold KV blocks (kv_holding_waiting: async
+                    # KV loads, paused streaming sessions) before the waiting queue.
+                    holding = self.kv_holding_waiting
+                    candidates = [*holding, *head] if holding else head
                     allowed = self.meridian_policy.admissions(
-                        self.running, head, pool.num_gpu_blocks - 1
+                        self.running, candidates, pool.num_gpu_blocks - 1
                     )
                     if allowed is not None:
-                        # vLLM admits while len(running) < max_num_active_reqs: for this call.
-                        self.max_num_active_reqs = min(active_cap, len(self.running) + allowed)
+                        # vLLM admits while len(running) plus its paused streaming sessions is
+                        # below max_num_active_reqs: for this call.
+                        self.max_num_active_reqs = min(
+                            active_cap,
+                            len(self.running) + self.num_waiting_for_streaming_input + allowed,
+                        )
             except Exception as exc:
                 self.meridian_fail_open.error("schedule", exc)
         overhead.num_steps += 1
@@ -391,10 +400,25 @@ class MeridianScheduler(Scheduler):
             ids = [out.request_id for out in outs if out.new_token_ids]
             if ids:
                 policy.observe(ids, _NewTokens(outs), step)
+        except UntrackedRequestsError as exc:
+            self._adopt(exc.request_ids)
         except Exception as exc:
             self.meridian_fail_open.error("update_from_output", exc)
         finally:
             self.meridian_overhead.update_overhead_s += time.perf_counter() - start
+
+    def _adopt(self, request_ids: list[str]) -> None:
+        """Track live requests that got tokens without passing through ``add_request``, their
+        output so far included. vLLM adds requests only there, but its own tests fill
+        ``requests`` and ``running`` by hand; tracked now, they are Meridian's from the next
+        step on (a tracking error is still one). Called from an ``except`` clause, so nothing
+        here may raise: ``track`` reads the policy's clock inside ``_track_new``'s guard."""
+        with self.meridian_fail_open("update_from_output"):
+            for rid in request_ids:
+                request = self.requests.get(rid)
+                if request is not None and not request.is_finished():
+                    self._new_requests.setdefault(rid, (request, None))
+        self._track_new()
 
     def make_spec_decoding_stats(
         self,
