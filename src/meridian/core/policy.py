@@ -328,7 +328,7 @@ class MeridianPolicy(TrackingPolicy):
         # preempted first, an answer held rather than another preempted, room kept for growth
         # while reasoning runs long). With one phase there is nothing to arbitrate: the engine's
         # order, preemption and admission stand, as TrackingPolicy's; tracking and counting go on.
-        self.stands_aside = not fmt.has_boundaries
+        self.stands_aside = not self.format.has_boundaries
 
     def _history(self, config: SchedulerConfig) -> int:
         return PACE_HISTORY_STEPS if config.answer_pace_ms else 0
