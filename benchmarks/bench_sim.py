@@ -20,8 +20,8 @@ import dataclasses
 import importlib.util
 import time
 
-from meridian.bench.metrics import PolicySummary
 from meridian.bench.simrun import SimRunSpec, StreamSet, load_requests, run_policy, simulate
+from meridian.bench.summary import PolicySummary
 from meridian.sim.policies import parse_policy
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from meridian.bench.metrics import PolicySummary, SloSpec
 from meridian.bench.report import AbReport, SimReport, load_report
+from meridian.bench.summary import PolicySummary, SloSpec
 from meridian.cli import main
 from meridian.cli.common import print_summary
 from meridian.sim.policies import DEFAULT_POLICIES
@@ -167,7 +167,7 @@ def test_summary_fits_the_terminal(width: int) -> None:
 
 
 def _summary(policy: str) -> PolicySummary:
-    from meridian.bench.metrics import summarize
+    from meridian.bench.summary import summarize
 
     base = summarize(SimResult(policy, "model", 64, [], [], RunCounters(), end_ns=0), SloSpec())
     return base.model_copy(

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meridian.bench.metrics import (
+from meridian.bench.summary import (
     MAX_SERIES_POINTS,
     PolicySummary,
     SloSpec,

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from meridian.bench.metrics import SloSpec, summarize
 from meridian.bench.plots import write_plots, write_sweep_plots
 from meridian.bench.report import SimReport, build_sweep_report
+from meridian.bench.summary import SloSpec, summarize
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import MeridianError
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample

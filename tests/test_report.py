@@ -16,7 +16,6 @@ from pydantic import ValidationError
 
 from meridian.bench.ab import HEADLINE_METRICS, AbFlag, Direction, classify, delta_pct
 from meridian.bench.effects import effect_lines, effects
-from meridian.bench.metrics import PolicySummary, SloSpec, summarize
 from meridian.bench.offered import NS_PER_S, offered_load
 from meridian.bench.report import (
     AbReport,
@@ -33,6 +32,7 @@ from meridian.bench.report import (
     write_report,
     write_sweep_report,
 )
+from meridian.bench.summary import PolicySummary, SloSpec, summarize
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import MeridianError
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from meridian.bench.metrics import PolicySummary, Sig6
+from meridian.bench.summary import PolicySummary, Sig6
 
 FLAT_BELOW_PCT = 2.0
 BIG_FROM_PCT = 10.0

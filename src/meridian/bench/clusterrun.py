@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from meridian.bench.metrics import Sig6, summarize
 from meridian.bench.report import SimReport
 from meridian.bench.simrun import (
     SimRunSpec,
@@ -27,6 +26,7 @@ from meridian.bench.simrun import (
     run_parameters,
     step_model_for,
 )
+from meridian.bench.summary import Sig6, summarize
 from meridian.core.routing import RoutingConfig
 from meridian.errors import MeridianError
 from meridian.sim.cluster import Cluster, ClusterRun, ModelReplica, Replica, VllmReplica

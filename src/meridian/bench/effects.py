@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from meridian.bench.ab import HEADLINE_METRICS, AbFlag, AbRow, compare
-from meridian.bench.metrics import PolicySummary
+from meridian.bench.summary import PolicySummary
 from meridian.errors import MeridianError
 from meridian.sim.policies import parse_policy
 

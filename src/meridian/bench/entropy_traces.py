@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meridian.bench.entropy_model import EntropyModelParams, EntropyTraceModel
-from meridian.bench.metrics import percentiles
+from meridian.bench.summary import percentiles
 from meridian.core.signals import EatTracker
 
 __all__ = ["TraceStats", "comparison_markdown", "simulated_traces", "trace_stats"]

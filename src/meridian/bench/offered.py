@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from meridian.bench.metrics import Sig6
+from meridian.bench.summary import Sig6
 from meridian.sim.request import RequestSpec
 
 __all__ = ["PEAK_BIN_S", "OfferedLoad", "describe", "offered_load"]

@@ -22,7 +22,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from meridian.bench.metrics import (
+from meridian.bench.report import CANDIDATE, SweepPoint, SweepReport
+from meridian.bench.summary import (
     FloatArray,
     PolicySummary,
     SloSpec,
@@ -30,7 +31,6 @@ from meridian.bench.metrics import (
     collect_distributions,
     downsample,
 )
-from meridian.bench.report import CANDIDATE, SweepPoint, SweepReport
 from meridian.errors import MeridianError
 from meridian.sim.records import SimResult
 

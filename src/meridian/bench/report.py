@@ -42,8 +42,8 @@ from meridian.bench.ab import (
     compare,
 )
 from meridian.bench.effects import effect_lines, same_forcing_baselines
-from meridian.bench.metrics import PolicySummary, Sig6, SloSpec
 from meridian.bench.offered import OfferedLoad, describe
+from meridian.bench.summary import PolicySummary, Sig6, SloSpec
 from meridian.bench.workloads import is_bundled
 from meridian.errors import MeridianError
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from meridian.bench.metrics import SloSpec, summarize
 from meridian.bench.offered import offered_load
 from meridian.bench.report import ForcingSummary, SimReport
+from meridian.bench.summary import SloSpec, summarize
 from meridian.bench.traces import read_trace
 from meridian.bench.workloads import WORKLOADS, WorkloadParams, generate_workload, is_bundled
 from meridian.config.schema import MeridianConfig

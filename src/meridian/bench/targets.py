@@ -187,7 +187,6 @@ def run_cell(
     cell: Cell, on_progress: Callable[[int, int], None] | None = None
 ) -> tuple[CellResult, OfferedLoad]:
     """Run one cell; ``on_progress(finished, total)`` as requests finish."""
-    from meridian.bench.metrics import summarize
     from meridian.bench.offered import offered_load
     from meridian.bench.simrun import (
         SimRunSpec,
@@ -196,6 +195,7 @@ def run_cell(
         load_requests,
         run_policy,
     )
+    from meridian.bench.summary import summarize
     from meridian.config import MeridianConfig, SchedulerConfig
     from meridian.sim.policies import parse_policy
 
@@ -250,7 +250,7 @@ def run_cell(
 def _diagnose(result: Any, slo: Any, duration_s: float, cache_tokens: int) -> dict[str, Any]:
     """The per-request figures behind a cell: the capacity check and what the slowest waited
     for (module docstring of :class:`CellResult`)."""
-    from meridian.bench.metrics import answer_gaps_ns, meets_slo
+    from meridian.bench.summary import answer_gaps_ns, meets_slo
 
     end_ns = duration_s * 1e9
     waiting = [(x.time_ns, x.num_waiting) for x in result.samples if x.time_ns <= end_ns]

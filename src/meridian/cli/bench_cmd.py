@@ -12,7 +12,6 @@ from typing import Any
 from rich.progress import Progress
 
 from meridian.bench.fidelity import TARGETS as FIDELITY_TARGETS
-from meridian.bench.metrics import SloSpec
 from meridian.bench.plots import write_plots, write_sweep_plots
 from meridian.bench.report import (
     SimReport,
@@ -24,6 +23,7 @@ from meridian.bench.report import (
     write_sweep_report,
 )
 from meridian.bench.simrun import ENGINES, load_requests, simulate
+from meridian.bench.summary import SloSpec
 from meridian.bench.traces import write_trace
 from meridian.bench.workloads import (
     DEFAULT_DURATION_S,

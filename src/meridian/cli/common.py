@@ -18,10 +18,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from meridian.bench.effects import effect_lines
-from meridian.bench.metrics import PolicySummary
 from meridian.bench.offered import describe
 from meridian.bench.report import SimReport, fmt, losses_of
 from meridian.bench.simrun import SimRunSpec
+from meridian.bench.summary import PolicySummary
 from meridian.bench.workloads import default_duration_s, is_bundled
 from meridian.errors import MeridianError
 from meridian.sim.policies import parse_policies

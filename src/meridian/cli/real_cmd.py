@@ -9,11 +9,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from meridian.bench.metrics import SloSpec, summarize
 from meridian.bench.offered import offered_load
 from meridian.bench.plots import write_plots
 from meridian.bench.report import SimReport, build_ab_report, write_ab_report, write_report
 from meridian.bench.simrun import SimRunSpec, load_requests
+from meridian.bench.summary import SloSpec, summarize
 from meridian.bench.workloads import is_bundled
 from meridian.cli.common import (
     check_out_dir,

@@ -1,4 +1,4 @@
-"""The latencies a user feels, defined once. The simulator's reports (:mod:`meridian.bench.metrics`)
+"""The latencies a user feels, defined once. The simulator's reports (:mod:`meridian.bench.summary`)
 and the live scheduler's metrics (:mod:`meridian.vllm.publishing`) both compute them here, so a
 figure from either means the same thing.
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from meridian.bench.accuracy.client import Outcome
 from meridian.bench.eat_probe import ProbeSummary, summarize_probes
-from meridian.bench.metrics import percentiles
+from meridian.bench.summary import percentiles
 
 __all__ = ["ForcingSummary", "pareto_front", "summarize", "wilson_interval"]
 
