@@ -20,11 +20,9 @@ from meridian.bench.simrun import (
     SimRunSpec,
     StreamSet,
     bind_progress,
-    engine_config_for,
     forcing_summaries,
-    load_requests,
+    prepare_run,
     run_parameters,
-    step_model_for,
 )
 from meridian.bench.summary import Sig6, summarize
 from meridian.core.routing import RoutingConfig
@@ -144,12 +142,7 @@ def simulate_cluster(
 ) -> tuple[ClusterReport, dict[str, ClusterRun]]:
     """Every router of ``cluster`` with every policy of ``spec`` at ``arrival_rate`` (the
     cluster's); the report and the runs."""
-    if requests is None:
-        requests = load_requests(spec, arrival_rate)
-    if not requests:
-        raise MeridianError("the workload has no requests; raise --duration-s or --arrival-rate")
-    engine_config, step_model = engine_config_for(spec), step_model_for(spec)
-    streams = StreamSet(requests, spec.config)
+    requests, streams, engine_config, step_model = prepare_run(spec, arrival_rate, requests)
     runs: dict[str, ClusterRun] = {}
     for router in cluster.routers:
         for name in spec.policies:

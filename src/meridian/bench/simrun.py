@@ -283,6 +283,20 @@ def run_parameters(spec: SimRunSpec, engine_config: EngineConfig) -> dict[str, o
     }
 
 
+def prepare_run(
+    spec: SimRunSpec, arrival_rate: float, requests: Sequence[RequestSpec] | None
+) -> tuple[Sequence[RequestSpec], StreamSet, EngineConfig, StepTimeModel]:
+    """What every policy of a run shares: its requests (generated unless given), their streams,
+    the engine's configuration and the step-time model (a --step-time-csv is read and fitted
+    once, not once per policy)."""
+    if requests is None:
+        requests = load_requests(spec, arrival_rate)
+    if not requests:
+        raise MeridianError("the workload has no requests; raise --duration-s or --arrival-rate")
+    streams = StreamSet(requests, spec.config)
+    return requests, streams, engine_config_for(spec), step_model_for(spec)
+
+
 def simulate(
     spec: SimRunSpec,
     arrival_rate: float,
@@ -290,13 +304,7 @@ def simulate(
     on_progress: ProgressHook | None = None,
 ) -> tuple[SimReport, dict[str, SimResult]]:
     """Run every policy of ``spec`` at ``arrival_rate``; the report and the raw results."""
-    if requests is None:
-        requests = load_requests(spec, arrival_rate)
-    if not requests:
-        raise MeridianError("the workload has no requests; raise --duration-s or --arrival-rate")
-    # Resolved once: a --step-time-csv is read and fitted once, not once per policy.
-    engine_config, step_model = engine_config_for(spec), step_model_for(spec)
-    streams = StreamSet(requests, spec.config)
+    requests, streams, engine_config, step_model = prepare_run(spec, arrival_rate, requests)
     results: dict[str, SimResult] = {}
     for policy in spec.policy_specs:
         hook = None if on_progress is None else bind_progress(on_progress, policy.name)
