@@ -397,8 +397,13 @@ class _Encoder:
         return [self.vocab[w] for w in text.split()]
 
 
-def _phrase_config(phrase: str) -> MeridianConfig:
-    return MeridianConfig.model_validate({"scheduler": {"force_transition_phrase": phrase}})
+def _phrase_config(phrase: str, *, validate: bool = True) -> MeridianConfig:
+    if validate:
+        return MeridianConfig.model_validate({"scheduler": {"force_transition_phrase": phrase}})
+    # The runtime's own check, behind the config's (a config built in code skips validation).
+    config = MeridianConfig()
+    scheduler = config.scheduler.model_copy(update={"force_transition_phrase": phrase})
+    return config.model_copy(update={"scheduler": scheduler})
 
 
 def test_transition_phrase_resolves_to_token_ids() -> None:
@@ -421,8 +426,9 @@ def test_transition_phrase_resolves_to_token_ids() -> None:
 def test_unusable_transition_phrases_are_clear_config_errors(
     tokenizer: Any, model_name: str | None, phrase: str, message: str
 ) -> None:
+    config = _phrase_config(phrase, validate=False)
     with pytest.raises(ConfigError, match=f"scheduler.force_transition_phrase.*{message}"):
-        resolve_runtime(tokenizer, config=_phrase_config(phrase), model_name=model_name)
+        resolve_runtime(tokenizer, config=config, model_name=model_name)
 
 
 def test_resumed_request_replays_its_output() -> None:

@@ -84,7 +84,8 @@ def test_a_burst_is_tracked_at_the_next_step_and_an_early_abort_never(
             core.step()
         assert scheduler.meridian_policy_errors == 0
         assert scheduler.meridian_num_tracked == 0
-        assert policy.lengths.mean_request_tokens > 0 and len(policy.lengths._sizes) == 2
+        assert policy.admission.lengths.mean_request_tokens > 0
+        assert policy.admission.lengths.num_samples == 2
         policy.check_integrity()
 
 
@@ -94,8 +95,8 @@ def test_gauges_follow_the_running_batch_in_step_batches(
     """Tracked requests, queue depths and batch sizes by phase are published with each batch of
     32 steps' overhead samples once PUBLISH_INTERVAL_S has passed, and when the engine idles
     (then the batch sizes read 0)."""
-    from meridian.vllm import scheduler as adapter
-    from meridian.vllm.scheduler import OVERHEAD_SAMPLES_PER_PUBLISH
+    from meridian.vllm import publishing as adapter
+    from meridian.vllm.publishing import OVERHEAD_SAMPLES_PER_PUBLISH
 
     with engine(meridian=True) as llm:
         scheduler, core = scheduler_of(llm), llm.llm_engine
@@ -148,7 +149,7 @@ def test_a_tracking_error_fails_open_for_that_request_only(
         assert finished == {"bad-0", "ok-1"}
         assert scheduler.meridian_policy_errors >= 1
         assert scheduler.meridian_num_tracked == 0
-        assert len(policy.lengths._sizes) == 1  # ok-1 was tracked to its end
+        assert policy.admission.lengths.num_samples == 1  # ok-1 was tracked to its end
 
 
 def test_an_untracking_error_fails_open_for_that_request_only(
@@ -181,7 +182,7 @@ def test_an_untracking_error_fails_open_for_that_request_only(
         assert scheduler.meridian_policy_errors == 1
         assert scheduler.meridian_num_tracked == 0
         assert policy.queues.num_output_queued == policy.queues.num_think_queued == 0
-        assert len(policy.lengths._sizes) == len(rids)
+        assert policy.admission.lengths.num_samples == len(rids)
         policy.check_integrity()
 
 

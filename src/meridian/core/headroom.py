@@ -204,6 +204,11 @@ class LengthModel:
         )
 
     @property
+    def num_samples(self) -> int:
+        """Finished requests the model has learnt from (the most recent ``MAX_SAMPLES``)."""
+        return len(self._sizes)
+
+    @property
     def mean_request_tokens(self) -> float:
         """The mean size (prompt and output tokens) of the recent finished requests."""
         return sum(self._sizes) / len(self._sizes) if self._sizes else 0.0
