@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from meridian.bench.report import fmt
+from meridian.bench.report_render import fmt
 from meridian.bench.summary import Sig6
 from meridian.core.types import Phase
 from meridian.sim.records import SimResult

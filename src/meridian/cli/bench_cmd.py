@@ -13,15 +13,8 @@ from rich.progress import Progress
 
 from meridian.bench.fidelity import TARGETS as FIDELITY_TARGETS
 from meridian.bench.plots import write_plots, write_sweep_plots
-from meridian.bench.report import (
-    SimReport,
-    ab_baselines,
-    build_ab_report,
-    build_sweep_report,
-    write_ab_report,
-    write_report,
-    write_sweep_report,
-)
+from meridian.bench.report import SimReport, ab_baselines, build_ab_report, build_sweep_report
+from meridian.bench.report_render import write_ab_report, write_report, write_sweep_report
 from meridian.bench.simrun import ENGINES, load_requests, simulate
 from meridian.bench.summary import SloSpec
 from meridian.bench.traces import write_trace
