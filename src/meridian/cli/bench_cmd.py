@@ -147,6 +147,13 @@ def register(commands: Any) -> None:
     fidelity.add_argument(
         "--arrival-rate", type=float, default=24.0, help="requests per second (24)"
     )
+    fidelity.add_argument(
+        "--async",
+        dest="compare_async",
+        action="store_true",
+        help="also run each policy on vLLM's AsyncScheduler (the GPU default) and print what the "
+        "fast engine, synchronous only, misses against it (no targets: a measure, not a check)",
+    )
     _add_engine_args(
         fidelity, policies="vllm-fcfs,meridian", out_dir=Path("meridian-out") / "fidelity"
     )
