@@ -340,6 +340,9 @@ def test_fidelity_async_adds_a_measure_not_a_check(tmp_path: Path) -> None:
     (sync,), (asyn,) = report.rows, report.async_rows
     assert sync.policy == asyn.policy == "vllm-fcfs"
     assert asyn.steps.model == sync.steps.model and asyn.steps.vllm > 0
+    # Asynchronous for real: vLLM learns each step's tokens a step late, which moves steps.
+    print(f"steps: model {sync.steps.model}, vLLM {sync.steps.vllm}, async {asyn.steps.vllm}")
+    assert asyn.steps.vllm != sync.steps.vllm
     text = (tmp_path / "fidelity.md").read_text()
     assert "AsyncScheduler" in text and "No targets" in text
     assert report.passed == sync.passed

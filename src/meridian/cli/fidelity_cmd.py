@@ -61,23 +61,23 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
             rows = fidelity_rows(spec, cluster, streams, progress, len(requests), **shape)
         # The fast engine schedules synchronously only; --async measures what that misses
         # against vLLM's AsyncScheduler (the GPU default) on the same streams.
-        runs = [("model", spec), ("vllm", spec)]
+        runs = [("model", engine_config), ("vllm", engine_config)]
         if args.compare_async:
-            runs.append(("vllm async", replace(spec, async_scheduling=True)))
+            runs.append(("vllm async", replace(engine_config, async_scheduling=True)))
         for policy in spec.policy_specs if cluster is None else ():
             results = {}
-            for label, run in runs:
+            for label, run_config in runs:
                 task = progress.add_task(f"{policy.name} on {label}", total=len(requests))
 
                 def advance(done: int, task: Any = task) -> None:
                     progress.update(task, completed=done)
 
                 results[label] = run_policy(
-                    run,
+                    spec,
                     policy,
                     streams,
                     advance,
-                    engine_config=engine_config,
+                    engine_config=run_config,
                     step_model=step_model,
                     engine=label.split()[0],
                 )
