@@ -26,8 +26,10 @@ from meridian.bench.report import (
     build_ab_report,
     build_sweep_report,
     load_report,
-    render_markdown,
     to_json,
+)
+from meridian.bench.report_render import (
+    render_markdown,
     write_ab_report,
     write_report,
     write_sweep_report,
@@ -306,7 +308,7 @@ def test_report_json_is_identical_in_another_process(tmp_path: Path) -> None:
         from pathlib import Path
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_report import report
-        from meridian.bench.report import write_report
+        from meridian.bench.report_render import write_report
         write_report(report(), Path({str(tmp_path / "there")!r}))
         """
     )

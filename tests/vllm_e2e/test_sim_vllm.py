@@ -329,6 +329,25 @@ def test_fidelity_command_prints_and_writes_the_table(
     assert "Every target met." in text
 
 
+def test_fidelity_async_adds_a_measure_not_a_check(tmp_path: Path) -> None:
+    # --async runs vLLM's AsyncScheduler too: a second table against the same fast-engine run,
+    # without targets; the exit status still reads the synchronous comparison only.
+    from meridian.bench.fidelity import FidelityReport
+
+    args = ["bench", "fidelity", "--async", "--duration-s", "3", "--policies", "vllm-fcfs"]
+    assert main([*args, "--out-dir", str(tmp_path)]) == 0
+    report = FidelityReport.model_validate_json((tmp_path / "fidelity.json").read_text())
+    (sync,), (asyn,) = report.rows, report.async_rows
+    assert sync.policy == asyn.policy == "vllm-fcfs"
+    assert asyn.steps.model == sync.steps.model and asyn.steps.vllm > 0
+    # Asynchronous for real: vLLM learns each step's tokens a step late, which moves steps.
+    print(f"steps: model {sync.steps.model}, vLLM {sync.steps.vllm}, async {asyn.steps.vllm}")
+    assert asyn.steps.vllm != sync.steps.vllm
+    text = (tmp_path / "fidelity.md").read_text()
+    assert "AsyncScheduler" in text and "No targets" in text
+    assert report.passed == sync.passed
+
+
 def _vllm_batch_defaults(memory_gib: int, name: str) -> tuple[int, int]:
     """What the installed vLLM's API server picks on a device of that size and name."""
     from unittest import mock

@@ -100,7 +100,7 @@ def _forcing(policy: str) -> object | None:
 
 
 def _value(row: AbRow, policy: str) -> str:
-    from meridian.bench.report import fmt
+    from meridian.bench.report_render import fmt
 
     scale = 1000.0 if row.metric.startswith("output_itl") else 1.0
     return fmt(row.values[policy], scale)

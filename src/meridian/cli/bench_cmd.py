@@ -13,15 +13,8 @@ from rich.progress import Progress
 
 from meridian.bench.fidelity import TARGETS as FIDELITY_TARGETS
 from meridian.bench.plots import write_plots, write_sweep_plots
-from meridian.bench.report import (
-    SimReport,
-    ab_baselines,
-    build_ab_report,
-    build_sweep_report,
-    write_ab_report,
-    write_report,
-    write_sweep_report,
-)
+from meridian.bench.report import SimReport, ab_baselines, build_ab_report, build_sweep_report
+from meridian.bench.report_render import write_ab_report, write_report, write_sweep_report
 from meridian.bench.simrun import ENGINES, load_requests, simulate
 from meridian.bench.summary import SloSpec
 from meridian.bench.traces import write_trace
@@ -153,6 +146,13 @@ def register(commands: Any) -> None:
     )
     fidelity.add_argument(
         "--arrival-rate", type=float, default=24.0, help="requests per second (24)"
+    )
+    fidelity.add_argument(
+        "--async",
+        dest="compare_async",
+        action="store_true",
+        help="also run each policy on vLLM's AsyncScheduler (the GPU default) and print what the "
+        "fast engine, synchronous only, misses against it (no targets: a measure, not a check)",
     )
     _add_engine_args(
         fidelity, policies="vllm-fcfs,meridian", out_dir=Path("meridian-out") / "fidelity"

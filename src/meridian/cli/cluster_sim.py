@@ -15,7 +15,8 @@ from meridian.bench.clusterrun import ClusterReport, ClusterSpec, run_cluster
 from meridian.bench.fidelity import FidelityRow
 from meridian.bench.fidelity import compare as compare_engines
 from meridian.bench.plots import write_plots, write_sweep_plots
-from meridian.bench.report import SimReport, build_sweep_report, write_report, write_sweep_report
+from meridian.bench.report import SimReport, build_sweep_report
+from meridian.bench.report_render import write_report, write_sweep_report
 from meridian.bench.simrun import SimRunSpec, StreamSet, load_requests
 from meridian.cli.common import make_progress, print_summary
 from meridian.errors import MeridianError

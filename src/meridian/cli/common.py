@@ -19,7 +19,8 @@ from rich.table import Table
 
 from meridian.bench.effects import effect_lines
 from meridian.bench.offered import describe
-from meridian.bench.report import SimReport, fmt, losses_of
+from meridian.bench.report import SimReport
+from meridian.bench.report_render import fmt, losses_of
 from meridian.bench.simrun import SimRunSpec
 from meridian.bench.summary import PolicySummary
 from meridian.bench.workloads import default_duration_s, is_bundled

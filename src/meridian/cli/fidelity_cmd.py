@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from meridian.bench.fidelity import HEADER, FidelityReport, render_markdown, table_rows
+from meridian.bench.fidelity import (
+    ASYNC_HEADER,
+    ASYNC_NOTE,
+    ASYNC_TITLE,
+    HEADER,
+    FidelityReport,
+    render_markdown,
+    table_rows,
+)
 from meridian.bench.fidelity import compare as compare_engines
 from meridian.bench.report import to_json
 from meridian.bench.simrun import (
@@ -44,29 +53,37 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
     engine_config, step_model = engine_config_for(spec), step_model_for(spec)
     console = make_console()
     rows = []
+    async_rows = []
     cluster = cluster_spec(args)
     with make_progress(console) as progress:
         if cluster is not None:
             shape = {"engine_config": engine_config, "step_model": step_model}
             rows = fidelity_rows(spec, cluster, streams, progress, len(requests), **shape)
+        # The fast engine schedules synchronously only; --async measures what that misses
+        # against vLLM's AsyncScheduler (the GPU default) on the same streams.
+        runs = [("model", engine_config), ("vllm", engine_config)]
+        if args.compare_async:
+            runs.append(("vllm async", replace(engine_config, async_scheduling=True)))
         for policy in spec.policy_specs if cluster is None else ():
             results = {}
-            for engine in ("model", "vllm"):
-                task = progress.add_task(f"{policy.name} on {engine}", total=len(requests))
+            for label, run_config in runs:
+                task = progress.add_task(f"{policy.name} on {label}", total=len(requests))
 
                 def advance(done: int, task: Any = task) -> None:
                     progress.update(task, completed=done)
 
-                results[engine] = run_policy(
+                results[label] = run_policy(
                     spec,
                     policy,
                     streams,
                     advance,
-                    engine_config=engine_config,
+                    engine_config=run_config,
                     step_model=step_model,
-                    engine=engine,
+                    engine=label.split()[0],
                 )
             rows.append(compare_engines(results["model"], results["vllm"]))
+            if args.compare_async:
+                async_rows.append(compare_engines(results["model"], results["vllm async"]))
     report = FidelityReport(
         workload=Path(args.workload).name,
         arrival_rate=args.arrival_rate,
@@ -79,6 +96,7 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
         num_kv_blocks=engine_config.num_kv_blocks,
         enable_prefix_caching=engine_config.enable_prefix_caching,
         rows=rows,
+        async_rows=async_rows,
     )
     out: Path = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -99,3 +117,11 @@ def _print_fidelity(console: Console, report: Any) -> None:
         table.add_row(*(c.strip("`") for c in cells))
     console.print(table)
     console.print(f"targets: {report.targets}")
+    if report.async_rows:
+        table = Table(title=ASYNC_TITLE)
+        for i, title in enumerate(ASYNC_HEADER):
+            table.add_column(title, justify="left" if i == 0 else "right")
+        for cells in table_rows(report.async_rows, with_targets=False):
+            table.add_row(*(c.strip("`") for c in cells))
+        console.print(table)
+        console.print(ASYNC_NOTE)

@@ -11,7 +11,8 @@ from rich.console import Console
 
 from meridian.bench.offered import offered_load
 from meridian.bench.plots import write_plots
-from meridian.bench.report import SimReport, build_ab_report, write_ab_report, write_report
+from meridian.bench.report import SimReport, build_ab_report
+from meridian.bench.report_render import write_ab_report, write_report
 from meridian.bench.simrun import SimRunSpec, load_requests
 from meridian.bench.summary import SloSpec, summarize
 from meridian.bench.workloads import is_bundled

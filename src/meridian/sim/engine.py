@@ -25,6 +25,10 @@ caching, ``scheduler_reserve_full_isl``, no watermark, no long-prefill threshold
 KV physics: a running request holds the KV of every token it has computed, and every step reads
 all of it (attention over the prompt and the whole reasoning); a preempted request's blocks are
 freed (their content may survive in the prefix cache until reused).
+
+Length: the step above is one loop over one state (running, waiting, the block pool, the
+clock), mirrored from vLLM's ``schedule()``; split, its order of effects would be harder to
+check against vLLM's, which is what the fidelity benchmark measures.
 """
 
 from __future__ import annotations
