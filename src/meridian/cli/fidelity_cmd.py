@@ -61,12 +61,13 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
             rows = fidelity_rows(spec, cluster, streams, progress, len(requests), **shape)
         # The fast engine schedules synchronously only; --async measures what that misses
         # against vLLM's AsyncScheduler (the GPU default) on the same streams.
-        runs = [("model", engine_config), ("vllm", engine_config)]
+        # (label, engine, its configuration)
+        runs = [("model", "model", engine_config), ("vllm", "vllm", engine_config)]
         if args.compare_async:
-            runs.append(("vllm async", replace(engine_config, async_scheduling=True)))
+            runs.append(("vllm async", "vllm", replace(engine_config, async_scheduling=True)))
         for policy in spec.policy_specs if cluster is None else ():
             results = {}
-            for label, run_config in runs:
+            for label, engine, run_config in runs:
                 task = progress.add_task(f"{policy.name} on {label}", total=len(requests))
 
                 def advance(done: int, task: Any = task) -> None:
@@ -79,7 +80,7 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
                     advance,
                     engine_config=run_config,
                     step_model=step_model,
-                    engine=label.split()[0],
+                    engine=engine,
                 )
             rows.append(compare_engines(results["model"], results["vllm"]))
             if args.compare_async:
