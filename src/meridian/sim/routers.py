@@ -95,6 +95,33 @@ class _InFlight:
             self.counts[replica] -= 1
 
 
+class _Baseline:
+    """What a baseline router does by default: reads no stats, keeps no record of what it sent."""
+
+    needs_projection = False
+
+    def observe(self, replica: int, stats: ReplicaStats) -> None:
+        pass
+
+    def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
+        pass
+
+    def completed(self, replica: int, request_id: str) -> None:
+        pass
+
+
+class _CountingBaseline(_Baseline):
+    """A baseline that counts its own in-flight requests per replica (``in_flight``)."""
+
+    in_flight: _InFlight
+
+    def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
+        self.in_flight.routed(replica, request_id)
+
+    def completed(self, replica: int, request_id: str) -> None:
+        self.in_flight.completed(request_id)
+
+
 class MeridianClusterRouter:
     """The core routing policy over replicas named ``r000``, ``r001``, ... (in index order)."""
 
@@ -121,20 +148,16 @@ class MeridianClusterRouter:
         self.policy.completed(request_id)
 
 
-class PowerOfTwoRouter:
+class PowerOfTwoRouter(_CountingBaseline):
     """Ray Serve's default (module docstring)."""
 
     name = "pow2"
-    needs_projection = False
     stats_period_s: float | None = None
 
     def __init__(self, num_replicas: int, seed: int) -> None:
         self.in_flight = _InFlight(num_replicas)
         self.rng = random.Random(seed)
         self.num_replicas = num_replicas
-
-    def observe(self, replica: int, stats: ReplicaStats) -> None:
-        pass
 
     def choose(self, request: NewRequest, now_s: float, waited_s: float) -> int | None:
         n, rng = self.num_replicas, self.rng
@@ -149,44 +172,27 @@ class PowerOfTwoRouter:
         counts = self.in_flight.counts
         return pair[1] if counts[pair[1]] < counts[pair[0]] else pair[0]
 
-    def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
-        self.in_flight.routed(replica, request_id)
 
-    def completed(self, replica: int, request_id: str) -> None:
-        self.in_flight.completed(request_id)
-
-
-class RoundRobinRouter:
+class RoundRobinRouter(_Baseline):
     """Ray Serve's ``RoundRobinRouter`` (module docstring)."""
 
     name = "round-robin"
-    needs_projection = False
     stats_period_s: float | None = None
 
     def __init__(self, num_replicas: int, seed: int) -> None:
         self.num_replicas = num_replicas
         self.counter = random.Random(seed).randrange(2**31)
 
-    def observe(self, replica: int, stats: ReplicaStats) -> None:
-        pass
-
     def choose(self, request: NewRequest, now_s: float, waited_s: float) -> int | None:
         index = self.counter % self.num_replicas
         self.counter += 1
         return index
 
-    def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
-        pass
 
-    def completed(self, replica: int, request_id: str) -> None:
-        pass
-
-
-class VllmDpRouter:
+class VllmDpRouter(_CountingBaseline):
     """vLLM's data-parallel balancer (module docstring)."""
 
     name = "vllm-dp"
-    needs_projection = False
 
     def __init__(self, num_replicas: int, stats_period_s: float) -> None:
         self.num_replicas = num_replicas
@@ -214,18 +220,11 @@ class VllmDpRouter:
         self.start = (self.start + 1) % n
         return chosen
 
-    def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
-        self.in_flight.routed(replica, request_id)
 
-    def completed(self, replica: int, request_id: str) -> None:
-        self.in_flight.completed(request_id)
-
-
-class PascalLikeRouter:
+class PascalLikeRouter(_Baseline):
     """Pascal-like instance placement (module docstring)."""
 
     name = "pascal-like"
-    needs_projection = False
 
     def __init__(self, num_replicas: int, stats_period_s: float) -> None:
         self.num_replicas = num_replicas
@@ -253,9 +252,6 @@ class PascalLikeRouter:
 
     def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
         self.sent[replica].append((now_s, request.reasoning))
-
-    def completed(self, replica: int, request_id: str) -> None:
-        pass
 
 
 ROUTERS = ("meridian", "pow2", "round-robin", "vllm-dp", "pascal-like")
