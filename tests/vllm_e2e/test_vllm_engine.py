@@ -92,11 +92,10 @@ def test_a_burst_is_tracked_at_the_next_step_and_an_early_abort_never(
 def test_gauges_follow_the_running_batch_in_step_batches(
     engine: Any, chat_prompt: Prompt, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Tracked requests, queue depths and batch sizes by phase are published with each batch of
-    32 steps' overhead samples once PUBLISH_INTERVAL_S has passed, and when the engine idles
-    (then the batch sizes read 0)."""
+    """Tracked requests, queue depths and batch sizes by phase are published on the first step
+    after PUBLISH_INTERVAL_S has passed since the last publish, and when the engine idles (then
+    the batch sizes read 0)."""
     from meridian.vllm import publishing as adapter
-    from meridian.vllm.publishing import OVERHEAD_SAMPLES_PER_PUBLISH
 
     with engine(meridian=True) as llm:
         scheduler, core = scheduler_of(llm), llm.llm_engine
@@ -106,13 +105,13 @@ def test_gauges_follow_the_running_batch_in_step_batches(
                 f"g-{i}", chat_prompt(i, thinking=i < 2), greedy(80, meridian_forcing="off")
             )
         monkeypatch.setattr(adapter, "PUBLISH_INTERVAL_S", 3600.0)
-        for _ in range(OVERHEAD_SAMPLES_PER_PUBLISH):
+        for _ in range(40):
             core.step()
-        # Within the interval since the engine started: nothing published yet.
+        # Within the interval since the engine started: nothing published yet, however many
+        # steps have run.
         assert gauge("meridian_tracked_requests") in (None, 0)
         monkeypatch.setattr(adapter, "PUBLISH_INTERVAL_S", 0.0)
-        for _ in range(OVERHEAD_SAMPLES_PER_PUBLISH):
-            core.step()
+        core.step()
         assert gauge("meridian_tracked_requests") == 4
         assert gauge("meridian_queue_depth", {"phase": "think"}) == 2
         assert gauge("meridian_queue_depth", {"phase": "output"}) == 2
