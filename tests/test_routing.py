@@ -193,6 +193,31 @@ def test_requests_sent_since_the_stats_fill_the_replica_until_the_router_holds()
     assert policy.num_in_flight("a") == 4
 
 
+def test_requests_on_their_way_count_though_the_stats_are_newer() -> None:
+    # Stats taken after the router placed five requests but before they reached the replica's
+    # scheduler (none running or waiting: still in its frontend) count none of them; the router
+    # still does, and holds a sixth. (Under Ray Serve, a burst went whole to replicas that
+    # reported themselves idle a moment after the router's decisions.)
+    flat = [1.0] * len(GRID)
+    empty = projection([0.0] * 9, 700.0, flat, flat)
+    request = NewRequest(Phase.THINK, 160)
+    policy = RoutingPolicy()
+    policy.observe("a", stats(empty))
+    for i in range(5):
+        policy.routed("a", f"q{i}", request, now=1.0)
+    policy.observe("a", stats(empty, time_s=2.0, running=0, used=0))
+    assert policy.rank(["a"], request, now=2.0) == []
+    # Three have arrived (their KV is in the replica's projection, here none): the other two
+    # are still counted, and a sixth fits beside them.
+    policy.observe("a", stats(empty, time_s=3.0, running=3))
+    assert policy.rank(["a"], request, now=3.0) == ["a"]
+    for i in (5, 6):
+        policy.routed("a", f"q{i}", request, now=3.0)
+    assert policy.rank(["a"], request, now=3.0) == ["a"]  # 4 uncounted x 136.5 + 136.5 < 700
+    policy.routed("a", "q7", request, now=3.0)
+    assert policy.rank(["a"], request, now=3.0) == []  # 5 uncounted + 1 > 700
+
+
 def test_stats_age_by_the_steps_run_since() -> None:
     # The load drains over the grid: 0.5 s after the stats at 20 ms a step, 25 steps later.
     flat = [1.0] * len(GRID)

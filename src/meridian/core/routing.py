@@ -14,8 +14,9 @@ replica's queue, bound to it, while another replica may free room first. So:
 1. **Headroom first.** A replica *fits* a request when its projected KV peak, with the request
    added, stays within its admission budget. The projection is the replica's own (its length
    model's expected KV of every running and waiting request, on its grid of future steps),
-   aged by the steps run since it was measured, plus the requests this router sent it since
-   then, each projected as a fresh request of its kind.
+   aged by the steps run since it was measured, plus the requests this router sent it that
+   the stats do not count (sent since then, or, if more, those beyond the replica's running and
+   waiting requests: still on their way), each projected as a fresh request of its kind.
 2. **Among those that fit, the least KV the request will share its steps with**: the replica's
    projected load averaged over the request's expected life (weighted by the probability that
    it still runs at each future step). A decode step reads the KV of every running request,
@@ -295,6 +296,20 @@ class _Replica:
     in_flight: dict[str, _Placed] = field(default_factory=dict)
 
 
+def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
+    """The requests this router placed on ``replica`` that its ``stats`` do not count: those
+    sent since the stats were measured, or, if more, those beyond the requests the stats count
+    (running or waiting), the latest placed first. The second covers requests still on their way
+    (in the replica's frontend, not yet in its scheduler) when the stats were measured: in a
+    burst they are hundreds, and a replica that reported itself idle would otherwise take them
+    all."""
+    placed = list(replica.in_flight.values())  # in the order they were placed
+    since = sum(p.routed_at >= stats.time_s for p in placed)
+    beyond = len(placed) - stats.num_running - stats.num_waiting
+    count = max(since, beyond)
+    return [p.request for p in placed[len(placed) - count :]] if count > 0 else []
+
+
 # Rank tiers: replicas that can take the request (it fits their projection, or their fresh stats
 # have none), those without fresh stats, those without room for it.
 _FITS, _BLIND, _FULL = 0, 1, 2
@@ -392,7 +407,7 @@ class RoutingPolicy:
         stats = replica.stats
         if stats is None or now - stats.time_s > self.config.stats_max_age_s:
             return _BLIND, float(len(replica.in_flight)), None
-        unseen = [p.request for p in replica.in_flight.values() if p.routed_at >= stats.time_s]
+        unseen = _unseen(replica, stats)
         projection = stats.projection
         if projection is None:
             # No projection to hold on: the KV in use now, each request sent since counted at
