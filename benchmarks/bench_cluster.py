@@ -7,11 +7,18 @@ Run (fast engine, minutes; ``--engine vllm`` drives vLLM's own scheduler in each
 needs the vLLM environment)::
 
     .venv/bin/python benchmarks/bench_cluster.py                           # 4 x H100 / Qwen3-8B
+    .venv/bin/python benchmarks/bench_cluster.py --replicas 16 --workload servegen-r1
     .venv/bin/python benchmarks/bench_cluster.py --replicas 16 --routers meridian,pow2
 
 Load is the fraction of the cluster's capacity: ``replicas x capacity`` req/s, ``capacity`` one
-replica's (5.5 req/s for H100 / Qwen3-8B: the highest rate at which stock vLLM's queue stays
-bounded, found on vLLM's scheduler by ``benchmarks/bench_targets.py``). Forcing is held equal:
+replica's for the workload (:data:`meridian.bench.targets.CAPACITY`: the highest rate at which
+stock vLLM's queue stays bounded, found on vLLM's scheduler by ``benchmarks/bench_targets.py``).
+
+Every run writes its figures (JSON: the arguments, commit, every cell and the routers' costs) and
+a plot of TTFVT P95 and goodput against load, a line per router and scheduling: to
+``benchmarks/results/cluster-NxHARDWARE-MODEL-WORKLOAD.json`` and ``.png`` when it is a full sweep
+(all routers, both schedulings, the default loads, duration and seed, fast engine), else under
+``meridian-out/cluster/``. Forcing is held equal:
 the stock side runs ``vllm-fcfs+forcing``. The comparison table gives each run against
 ``meridian/meridian`` (Meridian's router and scheduler) as Meridian's / theirs: TTFVT P95, answer
 ITL P99 and TTFT P95 (lower is better for Meridian below 1), throughput and goodput (better above
@@ -24,20 +31,27 @@ the simulation runs (the simulator's renderings of the baselines, not Ray's or v
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import subprocess
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from meridian.bench import clusterrun
 from meridian.bench.clusterrun import ClusterSpec, simulate_cluster
+from meridian.bench.plots import write_cluster_plots
 from meridian.bench.simrun import SimRunSpec, load_requests
+from meridian.bench.targets import CAPACITY
 from meridian.core.routing import NewRequest
 from meridian.sim.routers import ROUTERS, parse_routers
 
 STOCK, MERIDIAN = "vllm-fcfs+forcing", "meridian"
-CAPACITY = {("qwen3-8b", "h100-sxm"): 5.5, ("qwen3-32b", "h100-sxm"): 0.88}
+REPO = Path(__file__).resolve().parents[1]
+LOADS, DURATION_S = "0.5,0.7,1.0,1.3", 60.0
 NOISE = 0.03
 # (label, getter, lower is better)
 METRICS: tuple[tuple[str, str, bool], ...] = (
@@ -109,18 +123,34 @@ def _row(summary: Any, held: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--loads", default="0.5,0.7,1.0,1.3", help="fractions of capacity")
+    ap.add_argument("--loads", default=LOADS, help="fractions of capacity")
     ap.add_argument("--routers", default="all", help=f"'all' or a comma list of {list(ROUTERS)}")
     ap.add_argument("--policies", default=f"{MERIDIAN},{STOCK}")
     ap.add_argument("--engine", choices=("model", "vllm"), default="model")
     ap.add_argument("--model", default="qwen3-8b")
     ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--workload", default="synthetic")
-    ap.add_argument("--duration-s", type=float, default=60.0)
+    ap.add_argument("--duration-s", type=float, default=DURATION_S)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--capacity", type=float, help="one replica's req/s (default: measured)")
+    ap.add_argument("--out", type=Path, help="the JSON to write (the plot beside it, .png)")
     args = ap.parse_args()
-    capacity = args.capacity or CAPACITY[(args.model, args.hardware)]
+    key = (args.workload, args.model, args.hardware)
+    if args.capacity is None and key not in CAPACITY:
+        ap.error(f"no measured capacity for {', '.join(key)}: pass --capacity REQ_S")
+    capacity = args.capacity or CAPACITY[key]
+    name = f"cluster-{args.replicas}x{args.hardware}-{args.model}-{args.workload}"
+    full = (
+        args.routers == "all" and args.policies == f"{MERIDIAN},{STOCK}" and args.loads == LOADS
+        and args.duration_s == DURATION_S and args.seed == 0 and args.engine == "model"
+        and args.capacity is None
+    )  # fmt: skip
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out: Path = args.out or (
+        REPO / "benchmarks" / "results" / f"{name}.json"
+        if full
+        else REPO / "meridian-out" / "cluster" / f"{name}-{stamp}.json"
+    )
     routers = parse_routers(args.routers)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     clusterrun.make_router = _timed(clusterrun.make_router)  # type: ignore[attr-defined]
@@ -151,12 +181,49 @@ def main() -> None:
     _print_raw(rows)
     _print_ratios(rows)
     print("\nrouter cost per decision (µs; choose + routed, in the runs above):")
-    for name, costs in COST_NS.items():
+    costs_us: dict[str, dict[str, float]] = {}
+    for router, costs in COST_NS.items():
         c = np.asarray(costs) / 1e3
+        costs_us[router] = {
+            "median": float(np.median(c)),
+            "p99": float(np.percentile(c, 99)),
+            "calls": len(c),
+        }
         print(
-            f"  {name:12s} median {np.median(c):7.1f}  P99 {np.percentile(c, 99):7.1f}  "
+            f"  {router:12s} median {np.median(c):7.1f}  P99 {np.percentile(c, 99):7.1f}  "
             f"({len(c)} calls)"
         )
+    title = (
+        f"{args.replicas} x {args.hardware} / {args.model}, {args.workload}, engine "
+        f"{args.engine}, {args.duration_s:g} s of arrivals"
+    )
+    _write(out, args, capacity, rows, costs_us, time.monotonic() - started)
+    plot = write_cluster_plots(rows, title, out.with_suffix(".png"))
+    print(f"\n{out}\n{plot}")
+
+
+def _write(
+    out: Path,
+    args: argparse.Namespace,
+    capacity: float,
+    rows: dict[tuple[float, str], dict[str, float]],
+    costs_us: dict[str, dict[str, float]],
+    wall_s: float,
+) -> None:
+    """The run's figures as JSON: its arguments, the commit, every cell, the routers' costs."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    doc = {
+        "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "capacity_req_s": capacity,
+        "commit": commit,
+        "wall_s": round(wall_s, 1),
+        "cells": [{"load": load, "run": run, **figures} for (load, run), figures in rows.items()],
+        "router_cost_us": costs_us,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
 def _print_raw(rows: dict[tuple[float, str], dict[str, float]]) -> None:

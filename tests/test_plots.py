@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from meridian.bench.plots import write_plots, write_sweep_plots
+from meridian.bench.plots import write_cluster_plots, write_plots, write_sweep_plots
 from meridian.bench.report import SimReport, build_sweep_report
 from meridian.bench.summary import SloSpec, summarize
 from meridian.core.types import ForceReason, Phase
@@ -133,3 +133,16 @@ def test_sweep_plots(tmp_path: Path) -> None:
 def test_five_policies_of_2000_requests_plot(tmp_path: Path) -> None:
     runs = {p: run(p, 2000, 15 + 5 * i) for i, p in enumerate(POLICIES)}
     assert_pngs(write_plots(runs, tmp_path / "big", SloSpec()), RUN_PLOTS)
+
+
+def test_cluster_plots(tmp_path: Path) -> None:
+    rows = {
+        (load, f"{router}/{policy}"): {"ttfvt": 30.0 * load + i, "goodput": 2.0 * load - i / 10}
+        for load in (0.5, 0.7, 1.0, 1.3)
+        for i, router in enumerate(("meridian", "pow2", "round-robin"))
+        for policy in ("meridian", "vllm-fcfs+forcing")
+    }
+    # A missing cell breaks its line rather than failing the plot.
+    del rows[(1.3, "pow2/vllm-fcfs+forcing")]
+    path = write_cluster_plots(rows, "4 x h100-sxm / qwen3-8b", tmp_path / "c" / "cluster.png")
+    assert_pngs([path], ["cluster.png"], min_bytes=20_000)

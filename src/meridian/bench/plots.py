@@ -379,3 +379,41 @@ def write_sweep_plots(sweep: SweepReport, out_dir: Path) -> list[Path]:
         ax.legend()
         paths.append(_save(fig, out_dir / chart.file_name))
     return paths
+
+
+def write_cluster_plots(
+    rows: Mapping[tuple[float, str], Mapping[str, float]], title: str, path: Path
+) -> Path:
+    """TTFVT P95 and goodput against load, a line per router (``benchmarks/bench_cluster.py``).
+
+    ``rows`` maps (load, ``ROUTER/POLICY``) to the run's figures (``ttfvt`` in s, ``goodput`` in
+    req/s); a router's line is solid with Meridian's scheduling and dashed with stock's, in one
+    colour per router.
+    """
+    loads = sorted({load for load, _ in rows})
+    runs = list(dict.fromkeys(name for _, name in rows))
+    routers = list(dict.fromkeys(name.split("/", 1)[0] for name in runs))
+    fig = _figure(8.0, 8.0, top_in=0.8)
+    fig.suptitle(title)
+    panels = (("ttfvt", "TTFVT P95 (s)", 1.0), ("goodput", "goodput (requests/s)", 1.0))
+    for k, (key, label, scale) in enumerate(panels):
+        ax = fig.add_subplot(2, 1, k + 1)
+        for name in runs:
+            router, policy = name.split("/", 1)
+            y = [rows.get((load, name), {}).get(key, np.nan) * scale for load in loads]
+            ax.plot(
+                [100.0 * x for x in loads],
+                y,
+                marker="o",
+                color=_color(routers.index(router)),
+                linestyle="-" if policy == CANDIDATE else "--",
+                linewidth=2.2 if name == f"{CANDIDATE}/{CANDIDATE}" else 1.3,
+                label=name,
+            )
+        ax.set_xlabel("load (% of the cluster's capacity)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        if k == 0:
+            ax.legend(fontsize="small", ncol=2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, path)
