@@ -248,7 +248,7 @@ def test_stale_missing_or_unprojected_stats_never_hold() -> None:
     policy.observe("f", None)
     policy.routed("c", "x", request, now=0.0)
     policy.routed("c", "y", request, now=0.0)
-    assert policy.rank(["a", "b", "c", "e", "f"], request, now=1.0) == ["b", "a", "e", "f", "c"]
+    assert policy.rank(["a", "b", "c", "e", "f"], request, now=1.0) == ["e", "b", "a", "f", "c"]
     # A request sent again elsewhere moves there.
     policy.routed("f", "x", request, now=0.0)
     assert (policy.placed_on("x"), policy.num_in_flight("c")) == ("f", 1)
@@ -370,3 +370,20 @@ def test_without_projections_requests_sent_between_polls_do_not_herd_onto_one_re
     assert policy.rank(["a", "b"], request, 0.5)[0] == "a"
     policy.routed("a", "first", request, 0.5)
     assert policy.rank(["a", "b"], request, 0.6)[0] == "b"
+
+
+def test_without_projections_full_replicas_with_queues_share_an_overload() -> None:
+    # Every cache full and every replica queueing (overload, no projection): the requests sent
+    # since and those queued count at the mean KV per request, so the requests spread, the
+    # shorter queue first, rather than all going to the first replica by name (a tie).
+    policy = RoutingPolicy()
+    policy.observe("a", stats(None, time_s=0.0, running=10, waiting=6, used=1000))
+    policy.observe("b", stats(None, time_s=0.0, running=10, waiting=4, used=1000))
+    policy.observe("c", stats(None, time_s=0.0, running=10, waiting=4, used=1000))
+    request = NewRequest(Phase.THINK, BS, None)
+    placed = []
+    for i in range(8):
+        first = policy.rank(["a", "b", "c"], request, 0.5)[0]
+        policy.routed(first, f"q{i}", request, 0.5)
+        placed.append(first)
+    assert placed == ["b", "c", "b", "c", "a", "b", "c", "a"]

@@ -29,9 +29,9 @@ replica's queue, bound to it, while another replica may free room first. So:
 
 Stale statistics. Stats without a projection (a replica whose length model has not seen enough
 finished requests, or whose admission does not use it) never hold a request: such a replica is
-ranked with those that fit, by the fraction of its cache in use (plus each request this router
-sent it since, at the replica's mean KV per running request; a replica with a queue counts as
-full). Missing stats, and stats older than
+ranked with those that fit, by the fraction of its cache in use plus each request waiting in it
+or sent it since by this router, at the replica's mean KV per running request (unbounded, so a
+longer queue ranks later). Missing stats, and stats older than
 :attr:`RoutingConfig.stats_max_age_s`, say nothing: such a replica ranks after those, by this
 router's requests in flight on it, and never holds a request either. Holding on information
 that cannot be trusted could hold forever.
@@ -410,15 +410,17 @@ class RoutingPolicy:
         unseen = _unseen(replica, stats)
         projection = stats.projection
         if projection is None:
-            # No projection to hold on: the KV in use now, each request sent since counted at
-            # the replica's mean KV per running request (its prompt alone would let every
-            # request between two polls herd onto the same replica), and a queue counts as a
-            # full cache.
+            # No projection to hold on: the KV in use now plus each request waiting or sent
+            # since at the replica's mean KV per running request (a sent request at its prompt
+            # alone would let every request between two polls herd onto the same replica), as
+            # a fraction of the cache, unbounded: a queue costs by its length. (Capped at a
+            # full cache, with a queue counting as one more, every replica tied at overload
+            # and every request went to the first by name.)
             cache = max(stats.num_kv_blocks, 1)
             mean = stats.num_kv_blocks_used / max(stats.num_running, 1)
             sent = sum(max(u.num_prompt_tokens / stats.block_size, mean) for u in unseen)
-            used = stats.num_kv_blocks_used + sent
-            return _FITS, min(used / cache, 1.0) + (stats.num_waiting > 0), None
+            used = stats.num_kv_blocks_used + sent + stats.num_waiting * mean
+            return _FITS, used / cache, None
         elapsed = max(0.0, now - stats.time_s)
         steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
         load = projection.aged(steps)
