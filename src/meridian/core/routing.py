@@ -28,13 +28,12 @@ replica's queue, bound to it, while another replica may free room first. So:
    it overflows least.
 
 Stale statistics. Stats without a projection (a replica whose length model has not seen enough
-finished requests, or whose admission does not use it) never hold a request: such a replica is
-ranked with those that fit, by the fraction of its cache in use plus each request waiting in it
-or sent it since by this router, at the replica's mean KV per running request (unbounded, so a
-longer queue ranks later). Missing stats, and stats older than
-:attr:`RoutingConfig.stats_max_age_s`, say nothing: such a replica ranks after those, by this
-router's requests in flight on it, and never holds a request either. Holding on information
-that cannot be trusted could hold forever.
+finished requests, or whose admission does not use it), missing stats and stats older than
+:attr:`RoutingConfig.stats_max_age_s` say nothing the router can hold on: such a replica ranks
+after those that fit, by this router's requests in flight on it (join the shortest queue), and
+never holds a request. Holding on information that cannot be trusted could hold forever; and the
+KV in use, the one figure such stats do carry, ranked worse than the router's own counts (ADR-0016
+has the runs).
 
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
 (:meth:`~meridian.core.format.ReasoningFormat.initial_phase`): ``Phase.OUTPUT`` is a chat request,
@@ -294,6 +293,9 @@ class _Placed:
 class _Replica:
     stats: ReplicaStats | None = None
     in_flight: dict[str, _Placed] = field(default_factory=dict)
+    # Requests placed on it ever: equal costs go to the replica that got fewest (at light load
+    # every replica is idle between requests; by name alone, the first got them all).
+    num_routed: int = 0
 
 
 def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
@@ -310,8 +312,8 @@ def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
     return [p.request for p in placed[len(placed) - count :]] if count > 0 else []
 
 
-# Rank tiers: replicas that can take the request (it fits their projection, or their fresh stats
-# have none), those without fresh stats, those without room for it.
+# Rank tiers: replicas that can take the request (it fits their projection), those whose stats
+# cannot say (none, stale or without a projection), those without room for it.
 _FITS, _BLIND, _FULL = 0, 1, 2
 
 
@@ -320,8 +322,8 @@ class RoutingPolicy:
 
     A driver reports each replica's stats (:meth:`observe`), the requests it placed
     (:meth:`routed`) and their completion (:meth:`completed`), and asks :meth:`rank` for every
-    new request. Deterministic: the same calls give the same ranks (ties go by replica name,
-    whatever the candidates' order).
+    new request. Deterministic: the same calls give the same ranks (ties go to the replica this
+    router has sent fewest requests, then by name, whatever the candidates' order).
 
     >>> policy = RoutingPolicy()
     >>> policy.rank(["b", "a"], NewRequest(Phase.THINK, 100), now=0.0)  # no stats: by queue
@@ -350,7 +352,10 @@ class RoutingPolicy:
         before = self._placed_on.get(request_id)
         if before is not None and before != replica:
             self._replicas[before].in_flight.pop(request_id, None)
-        self._replica(replica).in_flight[request_id] = _Placed(request, now)
+        target = self._replica(replica)
+        if request_id not in target.in_flight:
+            target.num_routed += 1
+        target.in_flight[request_id] = _Placed(request, now)
         self._placed_on[request_id] = replica
 
     def completed(self, request_id: str) -> None:
@@ -396,31 +401,25 @@ class RoutingPolicy:
         """Whether ``replica`` fits ``request`` now; ``None`` where its stats cannot say."""
         return self._assess(replica, request, now)[2]
 
-    def _key(self, name: str, request: NewRequest, now: float) -> tuple[int, float]:
+    def _key(self, name: str, request: NewRequest, now: float) -> tuple[int, float, int]:
         tier, cost, _ = self._assess(name, request, now)
-        return tier, cost
+        found = self._replicas.get(name)
+        return tier, cost, 0 if found is None else found.num_routed
 
     def _assess(self, name: str, request: NewRequest, now: float) -> tuple[int, float, bool | None]:
         """(tier, cost, headroom) of ``name`` for ``request``: lower tiers and costs are better;
-        the cost is a fraction of the replica's cache (module docstring)."""
+        the cost is a fraction of the replica's cache where its projection can say, else this
+        router's requests in flight on it (module docstring)."""
         replica = self._replicas.get(name) or _Replica()
         stats = replica.stats
-        if stats is None or now - stats.time_s > self.config.stats_max_age_s:
+        if (
+            stats is None
+            or stats.projection is None
+            or now - stats.time_s > self.config.stats_max_age_s
+        ):
             return _BLIND, float(len(replica.in_flight)), None
         unseen = _unseen(replica, stats)
         projection = stats.projection
-        if projection is None:
-            # No projection to hold on: the KV in use now plus each request waiting or sent
-            # since at the replica's mean KV per running request (a sent request at its prompt
-            # alone would let every request between two polls herd onto the same replica), as
-            # a fraction of the cache, unbounded: a queue costs by its length. (Capped at a
-            # full cache, with a queue counting as one more, every replica tied at overload
-            # and every request went to the first by name.)
-            cache = max(stats.num_kv_blocks, 1)
-            mean = stats.num_kv_blocks_used / max(stats.num_running, 1)
-            sent = sum(max(u.num_prompt_tokens / stats.block_size, mean) for u in unseen)
-            used = stats.num_kv_blocks_used + sent + stats.num_waiting * mean
-            return _FITS, used / cache, None
         elapsed = max(0.0, now - stats.time_s)
         steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
         load = projection.aged(steps)
