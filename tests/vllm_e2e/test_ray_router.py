@@ -68,6 +68,15 @@ def ray_cluster() -> Iterator[Any]:
 
     # The fake deployment is defined here: Ray's workers cannot import this test module.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # Serve's proxy must answer its readiness check within 5 s, three times running, or Serve
+    # kills it and serve.start fails: on a loaded 2-core machine it did not. Ray's processes
+    # inherit the environment ray.init starts them with.
+    patience = {
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+        "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60",
+    }
+    saved = {name: os.environ.get(name) for name in patience}
+    os.environ.update(patience)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     from meridian.bench.abreal import free_port
 
@@ -79,6 +88,11 @@ def ray_cluster() -> Iterator[Any]:
     finally:
         serve.shutdown()
         ray.shutdown()
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def test_requests_go_where_the_policy_says_and_wait_when_no_replica_fits(
