@@ -149,28 +149,35 @@ def test_decisions_are_deterministic_whatever_the_candidates_order(
     assert first.rank(names, request, now=0.5) == again.rank(shuffled, request, now=0.5)
 
 
-def test_the_replica_with_the_least_shared_load_wins_and_full_ones_come_last() -> None:
+def test_the_shortest_queue_wins_and_full_ones_come_last() -> None:
     flat = [1.0] * len(GRID)
     policy = RoutingPolicy()
-    policy.observe("busy", stats(projection([600.0] * 9, 900.0, flat, flat)))
-    policy.observe("quiet", stats(projection([100.0] * 9, 900.0, flat, flat)))
+    policy.observe("busy", stats(projection([100.0] * 9, 900.0, flat, flat)))
+    policy.observe("quiet", stats(projection([600.0] * 9, 900.0, flat, flat)))
     policy.observe("full", stats(projection([950.0] * 9, 900.0, flat, flat)))
     request = NewRequest(Phase.THINK, 160)
+    # "busy" has more of this router's requests in flight, though less KV: the queue decides.
+    policy.routed("busy", "b", request, now=0.0)
     assert policy.rank(["full", "busy", "quiet"], request, now=0.0) == ["quiet", "busy", "full"]
     assert policy.headroom("full", request, now=0.0) is False
     assert policy.headroom("quiet", request, now=0.0) is True
 
 
-def test_chat_weighs_the_next_steps_and_reasoning_its_whole_life() -> None:
-    # "now" is loaded now and drains; "later" is quiet now and fills up. A chat request ends
-    # within the first grid step, a reasoning request runs through the grid.
+def test_a_replica_tight_for_reasoning_still_takes_chat() -> None:
+    # "tight" has room for a short chat request now but not for a reasoning request's growth;
+    # "roomy" has room for both and more requests in flight. Chat goes to the shorter queue,
+    # reasoning where it fits: the request's kind enters through its expected growth.
     chat = [1.0] + [0.0] * 8
     reasoning = [1.0] * 9
     policy = RoutingPolicy()
-    policy.observe("now", stats(projection([500.0] + [50.0] * 8, 2000.0, reasoning, chat)))
-    policy.observe("later", stats(projection([100.0] + [400.0] * 8, 2000.0, reasoning, chat)))
-    assert policy.rank(["now", "later"], NewRequest(Phase.OUTPUT, 50), now=0.0)[0] == "later"
-    assert policy.rank(["now", "later"], NewRequest(Phase.THINK, 50), now=0.0)[0] == "now"
+    policy.observe("tight", stats(projection([550.0] * 9, 600.0, reasoning, chat)))
+    policy.observe("roomy", stats(projection([100.0] * 9, 2000.0, reasoning, chat)))
+    policy.routed("roomy", "r", NewRequest(Phase.OUTPUT, 50), now=0.0)
+    assert policy.rank(["tight", "roomy"], NewRequest(Phase.OUTPUT, 50), now=0.0)[0] == "tight"
+    assert policy.rank(["tight", "roomy"], NewRequest(Phase.THINK, 50), now=0.0) == [
+        "roomy",
+        "tight",
+    ]
 
 
 def test_requests_sent_since_the_stats_fill_the_replica_until_the_router_holds() -> None:
@@ -241,7 +248,7 @@ def test_stale_missing_or_unprojected_stats_never_hold() -> None:
     assert policy.rank(["a"], request, now=1.0) == ["a"]
     assert policy.headroom("a", request, now=1.0) is None
     # Replicas without projections and those without stats alike by this router's requests on
-    # them, whatever KV or queue their stats report; after those that fit.
+    # them, whatever KV or queue their stats report, with those that fit ("g").
     policy.observe("b", stats(None, used=50))
     policy.observe("e", stats(None, used=900, waiting=30))
     policy.observe("c", None)
@@ -251,7 +258,7 @@ def test_stale_missing_or_unprojected_stats_never_hold() -> None:
     policy.routed("c", "y", request, now=0.0)
     policy.routed("a", "z", request, now=0.0)
     ranked = policy.rank(["a", "b", "c", "e", "f", "g"], request, now=1.0)
-    assert ranked == ["g", "b", "e", "f", "a", "c"]
+    assert ranked == ["b", "e", "f", "g", "a", "c"]
     # A request sent again elsewhere moves there.
     policy.routed("f", "x", request, now=0.0)
     assert (policy.placed_on("x"), policy.num_in_flight("c")) == ("f", 1)

@@ -17,11 +17,12 @@ replica's queue, bound to it, while another replica may free room first. So:
    aged by the steps run since it was measured, plus the requests this router sent it that
    the stats do not count (sent since then, or, if more, those beyond the replica's running and
    waiting requests: still on their way), each projected as a fresh request of its kind.
-2. **Among those that fit, the least KV the request will share its steps with**: the replica's
-   projected load averaged over the request's expected life (weighted by the probability that
-   it still runs at each future step). A decode step reads the KV of every running request,
-   so this is the step time the request can expect: a chat request's short life weighs the
-   next few hundred steps, a reasoning request's the thousands its thinking lasts.
+2. **Among the rest, the shortest queue**: the replica with the fewest of this router's requests
+   in flight (join the shortest queue; ties to the replica sent fewest requests). A replica
+   that fits and one whose stats cannot say (below) rank alike. Ranking those that fit by the
+   KV the request would share its steps with (the projected load averaged over its expected
+   life) lost to this: one replica whose projection appeared first drew the traffic of the
+   others (ADR-0016 has the runs).
 3. **Hold when no replica fits**: the request waits at the router (Ray Serve retries it) and
    goes to the first replica that frees room, instead of queueing behind one replica. A request
    held :attr:`RoutingConfig.max_hold_s` is placed anyway (a starvation bound), on the replica
@@ -30,10 +31,8 @@ replica's queue, bound to it, while another replica may free room first. So:
 Stale statistics. Stats without a projection (a replica whose length model has not seen enough
 finished requests, or whose admission does not use it), missing stats and stats older than
 :attr:`RoutingConfig.stats_max_age_s` say nothing the router can hold on: such a replica ranks
-after those that fit, by this router's requests in flight on it (join the shortest queue), and
-never holds a request. Holding on information that cannot be trusted could hold forever; and the
-KV in use, the one figure such stats do carry, ranked worse than the router's own counts (ADR-0016
-has the runs).
+with those that fit, by this router's requests in flight on it, and never holds a request.
+Holding on information that cannot be trusted could hold forever.
 
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
 (:meth:`~meridian.core.format.ReasoningFormat.initial_phase`): ``Phase.OUTPUT`` is a chat request,
@@ -312,9 +311,9 @@ def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
     return [p.request for p in placed[len(placed) - count :]] if count > 0 else []
 
 
-# Rank tiers: replicas that can take the request (it fits their projection), those whose stats
-# cannot say (none, stale or without a projection), those without room for it.
-_FITS, _BLIND, _FULL = 0, 1, 2
+# Rank tiers: replicas that can take the request (it fits their projection, or their stats cannot
+# say: none, stale or without a projection), those without room for it.
+_OPEN, _FULL = 0, 1
 
 
 class RoutingPolicy:
@@ -408,8 +407,9 @@ class RoutingPolicy:
 
     def _assess(self, name: str, request: NewRequest, now: float) -> tuple[int, float, bool | None]:
         """(tier, cost, headroom) of ``name`` for ``request``: lower tiers and costs are better;
-        the cost is a fraction of the replica's cache where its projection can say, else this
-        router's requests in flight on it (module docstring)."""
+        the cost is how far the request would overflow the replica's budget (a fraction of it)
+        where it does not fit, else this router's requests in flight on it (module
+        docstring)."""
         replica = self._replicas.get(name) or _Replica()
         stats = replica.stats
         if (
@@ -417,7 +417,7 @@ class RoutingPolicy:
             or stats.projection is None
             or now - stats.time_s > self.config.stats_max_age_s
         ):
-            return _BLIND, float(len(replica.in_flight)), None
+            return _OPEN, float(len(replica.in_flight)), None
         unseen = _unseen(replica, stats)
         projection = stats.projection
         elapsed = max(0.0, now - stats.time_s)
@@ -432,10 +432,7 @@ class RoutingPolicy:
         idle = stats.num_running == 0 and stats.num_waiting == 0 and not unseen
         if peak > budget and not idle:
             return _FULL, (peak - budget) / budget, False
-        weights = projection.survival_reasoning if request.reasoning else projection.survival_chat
-        total = float(weights.sum())
-        shared = float(load @ weights) / total if total > 0.0 else float(load[0])
-        return _FITS, shared / budget, True
+        return _OPEN, float(len(replica.in_flight)), True
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` if the in-flight tables disagree."""
