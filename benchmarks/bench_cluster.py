@@ -16,9 +16,10 @@ stock vLLM's queue stays bounded, found on vLLM's scheduler by ``benchmarks/benc
 
 Every run writes its figures (JSON: the arguments, commit, every cell and the routers' costs) and
 a plot of TTFVT P95 and goodput against load, a line per router and scheduling: to
-``benchmarks/results/cluster-NxHARDWARE-MODEL-WORKLOAD.json`` and ``.png`` when it is a full sweep
-(all routers, both schedulings, the default loads, duration and seed, fast engine), else under
-``meridian-out/cluster/``. Forcing is held equal:
+``benchmarks/results/cluster-NxHARDWARE-MODEL-WORKLOAD.json`` and
+``docs/img/cluster-NxHARDWARE-MODEL-WORKLOAD.png`` (docs/cluster.md shows it) when it is a full
+sweep (all routers, both schedulings, the default loads, duration and seed, fast engine), else
+under ``meridian-out/cluster/`` or beside ``--out``. Forcing is held equal:
 the stock side runs ``vllm-fcfs+forcing``. The comparison table gives each run against
 ``meridian/meridian`` (Meridian's router and scheduler) as Meridian's / theirs: TTFVT P95, answer
 ITL P99 and TTFT P95 (lower is better for Meridian below 1), throughput and goodput (better above
@@ -198,7 +199,8 @@ def main() -> None:
         f"{args.engine}, {args.duration_s:g} s of arrivals"
     )
     _write(out, args, capacity, rows, costs_us, time.monotonic() - started)
-    plot = write_cluster_plots(rows, title, out.with_suffix(".png"))
+    image = REPO / "docs" / "img" / f"{name}.png" if full and args.out is None else None
+    plot = write_cluster_plots(rows, title, image or out.with_suffix(".png"))
     print(f"\n{out}\n{plot}")
 
 
