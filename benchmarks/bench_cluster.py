@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from meridian.bench import clusterrun
+from meridian.bench import clusterrun, provenance
 from meridian.bench.clusterrun import ClusterSpec, simulate_cluster
 from meridian.bench.plots import write_cluster_plots
 from meridian.bench.simrun import SimRunSpec, load_requests
@@ -212,14 +211,13 @@ def _write(
     costs_us: dict[str, dict[str, float]],
     wall_s: float,
 ) -> None:
-    """The run's figures as JSON: its arguments, the commit, every cell, the routers' costs."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+    """The run's figures as JSON: its arguments, the commit (and whether the code differed from
+    it), every cell, the routers' costs."""
     doc = {
         "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "capacity_req_s": capacity,
-        "commit": commit,
+        "commit": provenance.commit(REPO),
+        "uncommitted_changes": provenance.has_changes(REPO, "src", "benchmarks/bench_cluster.py"),
         "wall_s": round(wall_s, 1),
         "cells": [{"load": load, "run": run, **figures} for (load, run), figures in rows.items()],
         "router_cost_us": costs_us,

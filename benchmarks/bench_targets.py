@@ -29,13 +29,13 @@ import argparse
 import datetime
 import json
 import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from meridian.bench import provenance
 from meridian.bench.offered import OfferedLoad
 from meridian.bench.targets import (
     CAPACITY,
@@ -96,19 +96,6 @@ def _line(row: CellResult) -> str:
         f"{row.preemptions_think}/{row.preemptions_answer}, worst gap "
         f"{row.worst_answer_gap_steps}, queue {'bounded' if row.queue_bounded else 'grows'}"
     )
-
-
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
-    return done.stdout.strip()
-
-
-def _vllm_version() -> str | None:
-    try:
-        import vllm
-    except ImportError:
-        return None
-    return str(vllm.__version__)
 
 
 def _engine_shape(model: str, hardware: str) -> Any:
@@ -196,10 +183,11 @@ def main() -> int:
         else REPO / "meridian-out" / "targets" / partial_name(args.hardware, args.model,
                                                               workloads, stamp)
     )  # fmt: skip
-    commit = _git("rev-parse", "--short=7", "HEAD")
-    dirty = bool(_git("status", "--porcelain", "--", "src", "benchmarks/bench_targets.py"))
+    commit = provenance.commit(REPO)
+    dirty = provenance.has_changes(REPO, "src", "benchmarks/bench_targets.py")
+    vllm = provenance.vllm_version()
     print(
-        f"{args.model} on {args.hardware}, engine {args.engine} (vLLM {_vllm_version()}), commit "
+        f"{args.model} on {args.hardware}, engine {args.engine} (vLLM {vllm}), commit "
         f"{commit}{' + uncommitted changes' if dirty else ''}; capacity "
         + ", ".join(f"{w} {c:g} req/s" for w, c in capacities.items())
         + f"; {len(cells)} runs of {args.duration:g} s of arrivals (seed {args.seed}), "
@@ -223,7 +211,7 @@ def main() -> int:
         command=shlex.join(["benchmarks/bench_targets.py", *sys.argv[1:]]),
         engine=args.engine,
         scheduler=scheduler if args.engine == "vllm" else "the fast engine model (synchronous)",
-        vllm_version=_vllm_version(),
+        vllm_version=vllm,
         commit=commit,
         uncommitted_changes=dirty,
         date=datetime.date.today().isoformat(),
