@@ -389,3 +389,17 @@ def test_without_projections_the_router_joins_its_shortest_queue() -> None:
     assert placed == ["a", "c", "a", "b", "c", "a", "b"]
     policy.completed("q1")
     assert policy.rank(["a", "b", "c"], request, 0.6)[0] == "c"
+
+
+def test_a_request_moved_elsewhere_counts_for_the_replica_that_got_it() -> None:
+    # Ties go to the replica sent fewest requests; a request the driver moved (Ray Serve may hand
+    # the replica found for one request to another) counts where it went, not twice.
+    policy = RoutingPolicy()
+    request = NewRequest(Phase.THINK, 16)
+    policy.routed("b", "q", request, now=0.0)
+    policy.routed("a", "q", request, now=0.0)  # moved
+    policy.completed("q")
+    assert policy.rank(["a", "b"], request, now=1.0) == ["b", "a"]  # b got none, a one
+    policy.routed("b", "r", request, now=1.0)
+    policy.completed("r")
+    assert policy.rank(["b", "a"], request, now=2.0) == ["a", "b"]  # one each: by name

@@ -395,12 +395,12 @@ def write_cluster_plots(
     routers = list(dict.fromkeys(name.split("/", 1)[0] for name in runs))
     fig = _figure(8.0, 8.0, top_in=0.8)
     fig.suptitle(title)
-    panels = (("ttfvt", "TTFVT P95 (s)", 1.0), ("goodput", "goodput (requests/s)", 1.0))
-    for k, (key, label, scale) in enumerate(panels):
+    panels = (("ttfvt", "TTFVT P95 (s)"), ("goodput", "goodput (requests/s)"))
+    for k, (key, label) in enumerate(panels):
         ax = fig.add_subplot(2, 1, k + 1)
         for name in runs:
             router, policy = name.split("/", 1)
-            y = [rows.get((load, name), {}).get(key, np.nan) * scale for load in loads]
+            y = [rows.get((load, name), {}).get(key, np.nan) for load in loads]
             ax.plot(
                 [100.0 * x for x in loads],
                 y,

@@ -292,8 +292,9 @@ class _Placed:
 class _Replica:
     stats: ReplicaStats | None = None
     in_flight: dict[str, _Placed] = field(default_factory=dict)
-    # Requests placed on it ever: equal costs go to the replica that got fewest (at light load
-    # every replica is idle between requests; by name alone, the first got them all).
+    # Requests placed on it ever (one moved elsewhere no longer counts): equal costs go to the
+    # replica that got fewest (at light load every replica is idle between requests; by name
+    # alone, the first got them all).
     num_routed: int = 0
 
 
@@ -350,7 +351,9 @@ class RoutingPolicy:
         """The driver sent ``request_id`` to ``replica`` at ``now`` (again: it moved there)."""
         before = self._placed_on.get(request_id)
         if before is not None and before != replica:
-            self._replicas[before].in_flight.pop(request_id, None)
+            moved_from = self._replicas[before]
+            moved_from.in_flight.pop(request_id, None)
+            moved_from.num_routed -= 1  # it went elsewhere: not one of this replica's
         target = self._replica(replica)
         if request_id not in target.in_flight:
             target.num_routed += 1
@@ -402,8 +405,7 @@ class RoutingPolicy:
 
     def _key(self, name: str, request: NewRequest, now: float) -> tuple[int, float, int]:
         tier, cost, _ = self._assess(name, request, now)
-        found = self._replicas.get(name)
-        return tier, cost, 0 if found is None else found.num_routed
+        return tier, cost, (self._replicas.get(name) or _Replica()).num_routed
 
     def _assess(self, name: str, request: NewRequest, now: float) -> tuple[int, float, bool | None]:
         """(tier, cost, headroom) of ``name`` for ``request``: lower tiers and costs are better;
