@@ -799,6 +799,28 @@ def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for(
     assert make_policy(admission="vllm").admissions([], waiting, 40) is None
 
 
+def test_the_projection_once_in_use_stands_aside_only_at_half_its_threshold() -> None:
+    # Finished requests of 43 tokens (3 of prompt, 40 generated): MIN_REQUESTS_IN_CACHE of them
+    # need 128 x 43 / 4 = 1,376 blocks of 4. Newcomers with no useful max_tokens (loose bounds:
+    # the bounds' rule stands aside too), so a count means the projection decided.
+    assert headroom.MIN_REQUESTS_IN_CACHE == 128
+    waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT) for i in range(5)]
+    fresh = make_policy(admission="headroom")
+    _teach(fresh, MIN_SAMPLES, 40)
+    assert fresh.admissions([], waiting, 1000) is None  # 93 of them: under the threshold
+    policy = make_policy(admission="headroom")
+    _teach(policy, MIN_SAMPLES, 40)
+    assert policy.admissions([], waiting, 1400) == 5  # 130 of them: the projection decides
+    # In use, it goes on while the cache holds half the threshold (a drifting mean near it
+    # would otherwise switch vLLM's admission on and off) ...
+    assert policy.admissions([], waiting, 1000) == 5
+    assert policy.admissions([], waiting, 690) == 5  # 64.2 of them
+    # ... and below that it stands aside, until the cache holds the full threshold again.
+    assert policy.admissions([], waiting, 680) is None  # 63.3 of them
+    assert policy.admissions([], waiting, 1000) is None
+    assert policy.admissions([], waiting, 1400) == 5
+
+
 def test_requests_that_fit_at_their_bounds_start_whatever_the_projection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meridian.config import SchedulerConfig
-from meridian.core import replica_stats as replica_stats_module
 from meridian.core.format import ReasoningFormat
 from meridian.core.headroom import MIN_SAMPLES
 from meridian.core.policy import MeridianPolicy
@@ -314,7 +313,6 @@ def test_reported_stats_hold_a_request_exactly_where_the_replica_admission_would
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A small cache (so that a few requests fill it) where headroom admission projects.
-    monkeypatch.setattr(replica_stats_module, "MIN_REQUESTS_IN_CACHE", 1)
     from meridian.core import admission as admission_module
 
     monkeypatch.setattr(admission_module, "MIN_REQUESTS_IN_CACHE", 1)

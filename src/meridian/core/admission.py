@@ -97,8 +97,10 @@ class Admission:
         )
         self.max_wait_s = float(config.admission_order_max_wait_s)
         self.lengths = LengthModel()
-        # Whether admission went by the requests' bounds last time (headroom.bounds_usable).
+        # Whether admission went by the requests' bounds last time (headroom.bounds_usable),
+        # and by the projection (projects).
         self._bounded = False
+        self._projected = False
 
     def finished(self, st: RequestState, num_output_tokens: int) -> None:
         """A request ran to its end after ``num_output_tokens``: its lengths teach the model."""
@@ -139,7 +141,8 @@ class Admission:
             return len(waiting)  # all of them at their bounds fit: nothing to hold back
         count: int | None
         mean_size = lengths.mean_request_tokens
-        if lengths.ready and num_blocks * bs >= MIN_REQUESTS_IN_CACHE * mean_size:
+        self._projected = self.projects(num_blocks)
+        if self._projected:
             blocks = lengths.expected_blocks(*self.progress([*running, *waiting]), bs)
             grown, candidates = blocks[: len(running)], blocks[len(running) :]
             count = admissible(grown, candidates, num_blocks * (1.0 - self.reserve))
@@ -155,6 +158,18 @@ class Admission:
         if count < len(waiting):
             self.stats.num_admissions_held += 1
         return count
+
+    def projects(self, num_blocks: int) -> bool:
+        """Whether admission goes by the projection in a cache of ``num_blocks``: once enough
+        requests have finished, in a cache that holds :data:`MIN_REQUESTS_IN_CACHE` requests of
+        their mean size; once in use, until it holds half as many (the recent mean drifts, and a
+        mix near the threshold would otherwise switch the projection on and off: vLLM's
+        admission in between overcommits what the projection had kept, and the backlog the
+        projection held starts at once, as the bounds' rule says of its own threshold).
+        Read-only: :meth:`admissions` records the answer."""
+        lengths = self.lengths
+        count = MIN_REQUESTS_IN_CACHE // 2 if self._projected else MIN_REQUESTS_IN_CACHE
+        return lengths.ready and num_blocks * self.block_size >= count * lengths.mean_request_tokens
 
     def progress(self, requests: Sequence[EngineRequest]) -> tuple[list[int], list[int], list[int]]:
         """Each request's :class:`~meridian.core.headroom.Kind`, progress and tokens now (also

@@ -65,7 +65,10 @@ MIN_SAMPLES = 32
 # one request's length swings the real peak by several percent, holds cost more queueing than
 # the preemptions they avoid, and vLLM's own admission does better (ADR-0013: Qwen3-32B on an
 # H100 holds about 40 of the synthetic workload's requests, and headroom loses there; Qwen3-8B
-# about 300, and it wins. Two points: the threshold lies between them).
+# about 300, and it wins. Two points: the threshold lies between them). Once in use, the projection
+# stands aside only where the cache holds half as many (Admission.projects): ServeGen's R1 traffic
+# holds about 120, near the threshold, and a projection switched on and off by the drifting mean
+# let vLLM's admission overcommit in between (ADR-0013).
 MIN_REQUESTS_IN_CACHE = 128
 # Admission by each request's bound (prompt plus max_tokens) starts only in a cache that holds
 # at least this many of the requests' mean bound (looser bounds, such as a client that leaves

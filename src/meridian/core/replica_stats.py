@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from meridian.core.headroom import MIN_REQUESTS_IN_CACHE, Kind
+from meridian.core.headroom import Kind
 from meridian.core.policy import EngineRequest, MeridianPolicy
 from meridian.core.routing import Projection, ReplicaStats
 from meridian.core.types import Phase
@@ -75,11 +75,7 @@ def _projection(
     """The replica's headroom projection, where its admission would use one."""
     admission, block_size = policy.admission, policy.block_size
     lengths = admission.lengths
-    if (
-        admission.mode != "headroom"
-        or not lengths.ready
-        or num_kv_blocks * block_size < MIN_REQUESTS_IN_CACHE * lengths.mean_request_tokens
-    ):
+    if admission.mode != "headroom" or not admission.projects(num_kv_blocks):
         return None
     # A request just admitted, of each kind, with no tokens of its own: its blocks are
     # ((0 + g) / block_size + 0.5) * P(still running at g), which gives the survival.
