@@ -175,8 +175,8 @@ def main() -> None:
             engine=args.engine,
         )
         report, _ = simulate_cluster(spec, cluster, rate, load_requests(spec, rate))
-        for name, summary in report.summaries.items():
-            rows[(load, name)] = _row(summary, report.holds[name].num_held)
+        for run, summary in report.summaries.items():
+            rows[(load, run)] = _row(summary, report.holds[run].num_held)
         print(f"  load {load:.0%} ({rate:g} req/s) done at {time.monotonic() - started:.0f} s")
     _print_raw(rows)
     _print_ratios(rows)
