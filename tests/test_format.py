@@ -172,6 +172,44 @@ def test_the_think_tokens_a_prompt_already_holds(
     assert fmt.prompt_start(prompt)[1] == num_prompt_think
 
 
+def ends_with_marker(
+    prompt: Sequence[int], marker: tuple[int, ...], newlines: frozenset[int]
+) -> bool:
+    """Rules 3 and 4 read plainly: ``prompt`` ends with ``marker``, newlines after it aside."""
+    for end in range(len(prompt), -1, -1):
+        if end >= len(marker) and tuple(prompt[end - len(marker) : end]) == marker:
+            return True
+        if end == 0 or prompt[end - 1] not in newlines:
+            return False
+    return False
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    fmt=st.sampled_from(
+        [
+            QWEN3,  # one-token markers: the prompt's last token that is not a newline decides
+            ReasoningFormat(think_start=(THINK, NL), think_end=(END,), newline_ids={NL}),
+            ReasoningFormat(think_start=(NL,), think_end=(END,), newline_ids={NL}),
+            ReasoningFormat(think_start=(THINK, 5), think_end=(5, END), newline_ids={NL}),
+        ]
+    ),
+    prompt=st.lists(st.sampled_from([1, 5, THINK, END, NL]), max_size=12),
+)
+def test_a_prompt_ending_with_a_marker_starts_in_its_phase(
+    fmt: ReasoningFormat, prompt: list[int]
+) -> None:
+    """Rules 3 and 4 (think_start, then think_end, at the prompt's tail) for one-token markers and
+    longer ones alike."""
+    phase, num_think = fmt.prompt_start(prompt)
+    if ends_with_marker(prompt, fmt.think_start, fmt.newline_ids):
+        assert (phase, num_think) == (Phase.THINK, 0)
+    elif ends_with_marker(prompt, fmt.think_end, fmt.newline_ids):
+        assert (phase, num_think) == (Phase.OUTPUT, 0)
+    else:
+        assert (phase, num_think) != (Phase.OUTPUT, 0)  # rules 5-7 never make it answer
+
+
 def test_prompt_tail_marker_that_itself_ends_with_a_newline_token() -> None:
     fmt = ReasoningFormat(think_start=(7, NL), think_end=(8,), newline_ids=frozenset({NL}))
     assert fmt.initial_phase([1, 7, NL]) is Phase.THINK

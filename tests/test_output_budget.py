@@ -151,3 +151,17 @@ def test_a_budget_no_batch_can_meet_is_no_budget() -> None:
     run(budget, [(2 + i % 7, 2 + i % 7, 0.025 + 0.0001 * (2 + i % 7)) for i in range(120)])
     assert budget.step_time is not None and budget.step_time.num_samples >= 32
     assert budget.rows is None
+
+
+def test_a_batch_of_samples_folds_as_one_by_one_and_a_bad_one_counts_none() -> None:
+    samples = [(r, 0.0001 * r + 0.002) for r in (8, 16, 24, 32, 64)] * 8
+    one_by_one, batch = DecodeStepTime(), DecodeStepTime()
+    for rows, seconds in samples:
+        one_by_one.observe(rows, seconds)
+    batch.observe_many(samples)
+    assert batch.fit() == one_by_one.fit() is not None
+    assert batch.rows_within(0.004, 256) == one_by_one.rows_within(0.004, 256) == 20
+    with pytest.raises(ValueError, match="rows >= 1 and a positive time"):
+        batch.observe_many([(80, 0.05), (4, -1.0)])
+    assert batch.num_samples == len(samples)
+    assert batch.fit() == one_by_one.fit()

@@ -23,6 +23,7 @@ Pure Python: unit-tested with synthetic step times.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Literal
 
 from meridian.core.types import floor_fraction
@@ -56,16 +57,29 @@ class DecodeStepTime:
 
     def observe(self, rows: int, seconds: float) -> None:
         """One decode-only step of ``rows`` rows took ``seconds``."""
-        if rows < 1 or not seconds > 0.0 or not math.isfinite(seconds):
-            raise ValueError(f"a step needs rows >= 1 and a positive time; got {rows}, {seconds}")
+        self.observe_many(((rows, seconds),))
+
+    def observe_many(self, samples: Iterable[tuple[int, float]]) -> None:
+        """Decode-only steps in order, each ``(rows, seconds)``: one fold. A bad sample raises
+        ``ValueError`` and none of ``samples`` is counted."""
         d = self.decay
-        self._w = self._w * d + 1.0
-        self._x = self._x * d + rows
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + rows * rows
-        self._xy = self._xy * d + rows * seconds
-        self._max_rows = max(self._max_rows, rows)
-        self.num_samples += 1
+        w, x, y, xx, xy = self._w, self._x, self._y, self._xx, self._xy
+        max_rows, n = self._max_rows, self.num_samples
+        for rows, seconds in samples:
+            if rows < 1 or not seconds > 0.0 or not math.isfinite(seconds):
+                raise ValueError(
+                    f"a step needs rows >= 1 and a positive time; got {rows}, {seconds}"
+                )
+            w = w * d + 1.0
+            x = x * d + rows
+            y = y * d + seconds
+            xx = xx * d + rows * rows
+            xy = xy * d + rows * seconds
+            if rows > max_rows:
+                max_rows = rows
+            n += 1
+        self._w, self._x, self._y, self._xx, self._xy = w, x, y, xx, xy
+        self._max_rows, self.num_samples = max_rows, n
 
     def fit(self) -> tuple[float, float] | None:
         """``(a, b)`` of ``t = a + b * rows`` in seconds; ``None`` before ``min_samples``.
@@ -164,7 +178,5 @@ class OutputBudget:
         step_time = self.step_time
         if step_time is None:
             return False
-        for rows, seconds in samples:
-            if seconds > 0.0:
-                step_time.observe(rows, seconds)
+        step_time.observe_many([sample for sample in samples if sample[1] > 0.0])
         return self.set(step_time.rows_within(self.tpot_s, self.capacity))

@@ -36,11 +36,15 @@ class StepTimes:
         self.steps = [-1] * size  # the step each slot was stamped for
         self.times = [0.0] * size
 
-    def stamp(self, step: int, now: float) -> None:
-        """``step``'s tokens were observed at ``now``."""
-        i = step % self.size
-        self.steps[i] = step
-        self.times[i] = now
+    def stamp(self, step: int, now: float) -> float | None:
+        """``step``'s tokens were observed at ``now``; returns the clock of ``step - 1``'s
+        tokens while kept (``None``: not kept), what an answer stream served in both waited."""
+        size, steps, times = self.size, self.steps, self.times
+        i = step % size
+        steps[i] = step
+        times[i] = now
+        i = (step - 1) % size
+        return times[i] if steps[i] == step - 1 else None
 
     def at(self, step: int) -> float | None:
         """The clock of ``step``'s tokens, while kept (``None``: not kept)."""

@@ -218,7 +218,13 @@ class Tracker:
         ``request_ids[i]``, each request once. ``tokens`` is read only when needed (a caller may
         pass a lazy sequence). An untracked request does not stop the others: the step is
         accounted, then :class:`UntrackedRequestsError` names it."""
-        if self._steady(request_ids, step):
+        served = self.served
+        if self.served_step == step - 1 and (
+            request_ids == self._served_ids  # (the same list: a sweep of pointer compares)
+            or (len(request_ids) == len(served) and self._same_streams(request_ids))
+        ):
+            # The steady way: exactly the answer streams served in the step before.
+            self._served_again(step, len(served))
             return
         rows = self._rows
         if rows is not None:
@@ -228,9 +234,9 @@ class Tracker:
                     self._observe_bulk(rows, tokens, flat, step)
                     return
             self._disarm()
-        served = self.continuing_streams(step)
+        continuing = self.continuing_streams(step)
         self._observe_general(
-            {rid: t for rid, t in zip(request_ids, tokens, strict=True) if rid not in served},
+            {rid: t for rid, t in zip(request_ids, tokens, strict=True) if rid not in continuing},
             step,
             request_ids,
         )
@@ -238,36 +244,30 @@ class Tracker:
             self._arm(request_ids)
         self._last_rows = request_ids
 
-    def _steady(self, request_ids: Sequence[str], step: int) -> bool:
-        """The steady way: when ``request_ids`` are exactly the answer streams served in the step
-        before, account their tokens and return True; otherwise change nothing."""
-        served = self.served
-        if self.served_step != step - 1:
+    def _same_streams(self, request_ids: Sequence[str]) -> bool:
+        """Whether ``request_ids``, as many as the answer streams served in the step before, are
+        those streams; if so, kept as their list (the next steady step compares pointers)."""
+        if not self.served.issuperset(request_ids):
             return False
-        if request_ids != self._served_ids:  # (the same list: a sweep of pointer compares)
-            if len(request_ids) != len(served) or not served.issuperset(request_ids):
-                return False
-            self._served_ids = request_ids
-        self._served_again(step, len(served))
+        self._served_ids = request_ids
         return True
 
     def _served_again(self, step: int, num_streams: int) -> None:
         """Stamp ``step``'s time and count ``num_streams`` answer streams served in it and in the
         step before (a gap of one step, the step's duration)."""
         times = self.times
+        then = None
         if times.size:
             now = self.clock()
-            times.stamp(step, now)
+            then = times.stamp(step, now)
         self.served_step = step
         if num_streams:
             stats = self.stats
             if not stats.max_answer_gap_steps:
                 stats.max_answer_gap_steps = 1
-            if self.listener is not None and times.size:  # (a listener keeps a history)
-                then = times.at(step - 1)
-                if then is not None:
-                    # Every stream served in both steps waited the same step time.
-                    self.listener.answer_gaps(now - then, num_streams)
+            if then is not None and self.listener is not None:
+                # Every stream served in both steps waited the same step time.
+                self.listener.answer_gaps(now - then, num_streams)
 
     def _observe_general(
         self, deltas: dict[str, Sequence[int]], step: int, request_ids: Sequence[str]
