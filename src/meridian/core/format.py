@@ -179,9 +179,6 @@ class ReasoningFormat:
     think_starts_in_prompt: bool = False
     start_marker: Marker = field(init=False, repr=False, compare=False)
     end_marker: Marker = field(init=False, repr=False, compare=False)
-    # (think_start, think_end) when each is one token and not a newline (the common case): then
-    # the prompt's last token that is not a newline alone says whether it ends with either.
-    _single_markers: tuple[int, int] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Accept lists/sets from callers, but store hashable tuples/frozensets.
@@ -210,12 +207,6 @@ class ReasoningFormat:
         )
         object.__setattr__(
             self, "end_marker", _compile_marker(self.think_end) if has else _NO_MARKER
-        )
-        single = (self.start_marker.single, self.end_marker.single)
-        object.__setattr__(
-            self,
-            "_single_markers",
-            single if has and MULTI not in single and self.newline_ids.isdisjoint(single) else None,
         )
 
     @classmethod
@@ -266,19 +257,9 @@ class ReasoningFormat:
             return Phase.OUTPUT, 0
         if self.no_think and _contains(prompt, self.no_think):
             return Phase.OUTPUT, 0
-        single = self._single_markers
-        if single is not None:
-            newlines, i = self.newline_ids, len(prompt) - 1
-            while i >= 0 and prompt[i] in newlines:
-                i -= 1
-            last = prompt[i] if i >= 0 else None
-            if last == single[0]:
-                return Phase.THINK, 0
-            if last == single[1]:
-                return Phase.OUTPUT, 0
-        elif _ends_with_marker(prompt, self.think_start, self.newline_ids):
+        if _ends_with_marker(prompt, self.think_start, self.newline_ids):
             return Phase.THINK, 0
-        elif _ends_with_marker(prompt, self.think_end, self.newline_ids):
+        if _ends_with_marker(prompt, self.think_end, self.newline_ids):
             return Phase.OUTPUT, 0
         opened = _rfind(prompt, self.think_start)
         # vLLM's last_start > last_end: no think_end begins at or after the last think_start.

@@ -90,25 +90,18 @@ PROMPT_TOKENS_KEY = "meridian_prompt_tokens"
 
 class _NewTokens(Sequence[list[int]]):
     """The new tokens of a step's outputs that have any, as a list built on first use: the
-    policy reads them only when the step is not the common one. ``every``: every output has
-    tokens (then none is filtered out)."""
+    policy reads them only when the step is not the common one."""
 
-    __slots__ = ("_every", "_list", "_outs")
+    __slots__ = ("_list", "_outs")
 
-    def __init__(self, outs: Sequence[Any], every: bool) -> None:
+    def __init__(self, outs: Sequence[Any]) -> None:
         self._outs = outs
-        self._every = every
         self._list: list[list[int]] | None = None
 
     def _tokens(self) -> list[list[int]]:
         tokens = self._list
         if tokens is None:
-            outs = self._outs
-            tokens = self._list = (
-                [out.new_token_ids for out in outs]
-                if self._every
-                else [out.new_token_ids for out in outs if out.new_token_ids]
-            )
+            tokens = self._list = [out.new_token_ids for out in self._outs if out.new_token_ids]
         return tokens
 
     def __len__(self) -> int:
@@ -290,8 +283,7 @@ class MeridianScheduler(Scheduler):
                     self.meridian_fail_open.error("add_request", exc, rid)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        if self._new_requests:
-            self._track_new()  # timed as update-side overhead, like the tracking it batches
+        self._track_new()  # timed as update-side overhead, like the tracking it batches
         overhead = self.meridian_overhead
         start = time.perf_counter()
         active_cap = self.max_num_active_reqs
@@ -407,7 +399,7 @@ class MeridianScheduler(Scheduler):
             # Not an output without tokens (an error, a pooling result).
             ids = [out.request_id for out in outs if out.new_token_ids]
             if ids:
-                policy.observe(ids, _NewTokens(outs, len(ids) == len(outs)), step)
+                policy.observe(ids, _NewTokens(outs), step)
         except UntrackedRequestsError as exc:
             self._adopt(exc.request_ids)
         except Exception as exc:
