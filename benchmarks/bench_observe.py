@@ -7,7 +7,7 @@ Two ways a step's tokens are accounted, each over 256 requests x 2,000 steps x 1
   count in bulk). Every request sits in THINK (its prompt ends with ``think_start``), so each
   token goes through the ``think_end`` check; Granite's 3-token marker includes partial-marker
   tokens.
-- :meth:`MeridianPolicy.observe <meridian.core.policy.TrackingPolicy.observe>`, the policy's one
+- :attr:`MeridianPolicy.observe <meridian.core.policy.TrackingPolicy.observe>`, the policy's one
   observe path, as vLLM's scheduler calls it after each step: the same thinking batch (counted
   in bulk once it repeats), and a batch of answer streams (the steady step of a busy engine).
 

@@ -211,6 +211,28 @@ def test_an_order_that_cannot_change_the_step_is_not_planned() -> None:
     assert ids(plan.order) == ["a", "b"] and ids(plan.victims) == ["b"]
 
 
+def test_an_answer_more_keeps_a_moot_order_and_moves_the_batch_sizes() -> None:
+    # One more answer stream cannot make a kept order matter (the think queue only shrinks):
+    # the step after a think exit keeps the engine's order without planning it; the batch
+    # sizes by phase still move, and an order planned later puts the new answer first.
+    policy = make_policy(max_step_tokens=16)
+    running = [admitted(policy, rid, THINK_PROMPT) for rid in ("t1", "t2", "t3")]
+    emit_step(policy, 1, [(r, 7) for r in running])
+    assert policy.plan(running, step=2, num_free_blocks=10).order is running
+    assert policy.queue_gauges() == (0, 3, 0, 3)
+    reordered, kept = policy.stats.num_reordered_steps, policy.stats.num_engine_order_steps
+    emit_step(policy, 2, [(running[0], END), (running[1], 7), (running[2], 7)])
+    plan = policy.plan(running, step=3, num_free_blocks=10)
+    assert plan.order is running and not plan.skip
+    assert policy.stats.num_reordered_steps == reordered
+    assert policy.stats.num_engine_order_steps == kept + 1
+    assert policy.queue_gauges() == (1, 2, 1, 2)
+    policy.check_integrity()
+    # Each decode now opens a block, two are free: the order is planned, the answer first.
+    plan = policy.plan(running, step=4, num_free_blocks=2)
+    assert ids(plan.order)[0] == "t1" and ids(plan.victims) == ["t3"]
+
+
 def test_the_engine_order_is_kept_only_while_nobody_can_be_deferred() -> None:
     policy = make_policy(output_budget=1, max_step_tokens=64)  # think limit floor(2.5) = 2
     thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(2)]

@@ -62,9 +62,10 @@ R = TypeVar("R", bound=EngineRequest)
 
 @dataclass(slots=True, eq=False)
 class Plan(Generic[R]):
-    """One step's decision over the running requests (not frozen: one is built every step, and
-    a frozen dataclass is slow to build in the caches a forward pass leaves cold; nothing keeps
-    it past the step, so it never outlives the engine's objects it lists).
+    """One step's decision over the running requests (not frozen: a frozen dataclass is slow to
+    build in the caches a forward pass leaves cold). A caller reads it during the step only: the
+    planner returns the same object again while the order is the running list itself and nobody
+    is skipped.
 
     ``order`` is a permutation of them (serve from the front, preempt from the back); ``skip``
     are requests the engine must not schedule this step (vLLM: ``next_decode_eligible_step``);

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from meridian.config.schema import SchedulerConfig
 from meridian.core.state import RequestState
-from meridian.core.types import Phase, floor_fraction
+from meridian.core.types import COMPLETE, THINK, floor_fraction
 
 __all__ = ["DualQueue", "QueuePlan"]
 
@@ -89,12 +89,12 @@ class DualQueue:
         """Queue each of ``states`` (PREFILL, THINK or OUTPUT) as the newest arrival, in order.
         On an error (an id already queued, a finished request), the ones before it are queued."""
         entries = self._entries
-        think = Phase.THINK
+        think = THINK
         for st in states:
             rid = st.request_id
             if rid in entries:
                 raise ValueError(f"request {rid!r} is already queued; remove() it first")
-            if st.phase is Phase.COMPLETE:
+            if st.phase is COMPLETE:
                 raise ValueError(f"request {rid!r} is complete; it cannot be queued")
             thinking = st.phase is think
             entries[rid] = _Entry(st, self._next_seq, thinking)
@@ -106,7 +106,7 @@ class DualQueue:
         entry = self._entries.get(st.request_id)
         if entry is None:
             return
-        thinking = st.phase is Phase.THINK
+        thinking = st.phase is THINK
         if thinking is entry.thinking:
             return
         entry.thinking = thinking
@@ -228,9 +228,9 @@ class DualQueue:
                     f"(previous {prev_seq}, next {self._next_seq})"
                 )
             prev_seq = entry.seq
-            if st.phase is Phase.COMPLETE:
+            if st.phase is COMPLETE:
                 raise AssertionError(f"request {request_id!r} is queued but complete")
-            if entry.thinking is not (st.phase is Phase.THINK):
+            if entry.thinking is not (st.phase is THINK):
                 raise AssertionError(f"request {request_id!r} counted in the wrong queue")
             if entry.num_deferred < 0:
                 raise AssertionError(f"request {request_id!r}: negative deferral count")

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from meridian.config.schema import SchedulerConfig
 from meridian.core.interface import EngineRequest, Plan, PolicyStats, R
@@ -39,7 +40,7 @@ from meridian.core.ordering import DualQueue
 from meridian.core.output_budget import OutputBudget
 from meridian.core.pacing import AnswerPacer
 from meridian.core.state import RequestState
-from meridian.core.types import Phase, floor_fraction
+from meridian.core.types import OUTPUT, THINK, floor_fraction
 from meridian.core.victims import VICTIM_CLASS, Candidate, hold_answers, rank_victims
 
 __all__ = ["READMIT_GUARD_STEPS", "Planner"]
@@ -94,6 +95,7 @@ class Planner:
         self._dirty = True
         self._deferring = False
         self._last_ids: frozenset[str] = frozenset()
+        self._last_tail: object = None
         self._num_ranked = 0
         self._next_guard_expiry = _NO_GUARD
         # The running list is in the engine's own order, kept because no order could change
@@ -104,13 +106,25 @@ class Planner:
         # The running set's size when _order_is_moot last found the order moot with no partial
         # request (-1: not so). While nothing changes, the same size gives the same answer.
         self._moot_size = -1
+        # A request began to answer since the last plan, which kept the engine's order
+        # (phase_changed): the batch sizes by phase are recorded anew.
+        self._sizes_moved = False
+        # The last plan that kept the running list as it was, skipping nobody: returned again
+        # while it still says the same (no new object on most steps).
+        self._kept: Plan[Any] | None = None
 
     # -- what the policy tells it --------------------------------------------------------------
 
     def phase_changed(self, st: RequestState) -> None:
-        """A tracked request's phase changed: the next step is planned anew."""
-        self._dirty = True
+        """A tracked request's phase changed: the next step is planned anew, unless the order is
+        moot and the request now answers. One answer stream more never makes a moot order
+        matter (the think queue only shrinks, and tokens and blocks do not depend on phases):
+        then only the batch sizes by phase move, recorded at the next plan."""
         self.queues.moved(st)
+        if self._moot and st.phase is OUTPUT:
+            self._sizes_moved = True
+        else:
+            self._dirty = True
 
     def budget_changed(self) -> None:
         """The output budget changed: the next step is planned anew."""
@@ -158,8 +172,10 @@ class Planner:
         if len(running) >= 2:
             # Engines append every request they admit and otherwise only remove, so a newcomer,
             # if any, is last: checking the tail avoids touching every request.
-            newcomer = (
-                len(running) > len(self._last_ids) or running[-1].request_id not in self._last_ids
+            # (The tail the last order was set with is still there: nobody came.)
+            tail = running[-1]
+            newcomer = len(running) > len(self._last_ids) or (
+                tail is not self._last_tail and tail.request_id not in self._last_ids
             )
             changed = newcomer or self._dirty or self._deferring or step >= self._next_guard_expiry
             if not changed and self._moot_size == len(running) <= num_free_blocks:
@@ -175,6 +191,10 @@ class Planner:
                 else:
                     order, skip = self._full_order(running, step)
                     self._moot_size = -1
+        if self._sizes_moved:
+            self._sizes_moved = False
+            if self._moot:
+                self.queues.serve_all()
         held: Sequence[R] = ()
         if num_free_blocks < len(order):
             held = hold_answers(order, self.states, num_free_blocks, self.block_size)
@@ -186,7 +206,13 @@ class Planner:
             if paced:
                 stats.num_paced += len(paced)
                 skip = [*skip, *paced] if skip else paced
-        return Plan(order, skip, self._num_ranked)
+        num_ranked = self._num_ranked
+        if order is not running or skip:
+            return Plan(order, skip, num_ranked)
+        kept = self._kept
+        if kept is None or kept.order is not running or kept.num_ranked != num_ranked:
+            kept = self._kept = Plan(running, (), num_ranked)
+        return kept
 
     def _order_is_moot(self, running: Sequence[R], num_free_blocks: int, rescan: bool) -> bool:
         """Whether the coming step does the same whatever the order of ``running``.
@@ -236,6 +262,7 @@ class Planner:
         if newcomer or not self._moot:
             self._sync_queued(running, step)
             self._last_ids = frozenset(r.request_id for r in running)
+            self._last_tail = running[-1]
         self.queues.serve_all()
         self._moot = True
         self._dirty = False
@@ -273,7 +300,7 @@ class Planner:
         plan = self.queues.schedule(
             capacity=max(self.capacity, len(by_id)), output_budget=self.output_budget.rows
         )
-        skip = [by_id[rid] for rid in plan.deferred if states[rid].phase is Phase.THINK]
+        skip = [by_id[rid] for rid in plan.deferred if states[rid].phase is THINK]
         self.stats.num_deferred += len(skip)
         planned = plan.served + plan.deferred if plan.deferred else plan.served
         guard_expiry = _NO_GUARD
@@ -300,5 +327,6 @@ class Planner:
         self._dirty = False
         self._deferring = bool(plan.deferred)
         self._last_ids = frozenset(by_id)
+        self._last_tail = order[-1]
         self.stats.num_reordered_steps += 1
         return order, skip

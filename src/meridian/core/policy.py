@@ -83,6 +83,13 @@ class TrackingPolicy:
     ``observe``.
     """
 
+    #: Account one engine step's new tokens, ``observe(request_ids, tokens, step)``:
+    #: ``tokens[i]`` are those of ``request_ids[i]``, each request once; ``tokens`` is read only
+    #: when needed. It is :meth:`Tracker.observe <meridian.core.tracking.Tracker.observe>`
+    #: itself, bound in ``__init__``: a method handing the call on would add a Python call to
+    #: every step, on a path the forward pass leaves cold.
+    observe: Callable[[list[str], Sequence[Sequence[int]], int], None]
+
     def __init__(
         self,
         fmt: ReasoningFormat,
@@ -117,6 +124,7 @@ class TrackingPolicy:
             history=self._history(config),
             on_phase_change=self._phase_changed,
         )
+        self.observe = self.tracker.observe
         self.listener = listener
         self._build(config, output_budget, admission, max_step_tokens)
 
@@ -206,12 +214,6 @@ class TrackingPolicy:
         return self.tracker.state(request_id)
 
     # -- what happens ---------------------------------------------------------------------
-
-    def observe(self, request_ids: list[str], tokens: Sequence[Sequence[int]], step: int) -> None:
-        """Account one engine step's new tokens: ``tokens[i]`` are those of ``request_ids[i]``,
-        each request once; ``tokens`` is read only when needed (:meth:`Tracker.observe
-        <meridian.core.tracking.Tracker.observe>`)."""
-        self.tracker.observe(request_ids, tokens, step)
 
     def on_preempt(self, request_id: str, num_blocks: int = 0) -> Phase:
         """Count a preemption by the request's phase; returns it. ``num_blocks`` (the KV blocks
@@ -315,6 +317,8 @@ class MeridianPolicy(TrackingPolicy):
             last_answer_step=tracker.last_answer_step,
             token_time=tracker.times.at,
         )
+        # The planner hears each phase change itself (one call less per change).
+        tracker.on_phase_change = self.planner.phase_changed
         self.admission = Admission(
             config,
             tracker.states,
@@ -377,9 +381,6 @@ class MeridianPolicy(TrackingPolicy):
         self.planner.forget((st.request_id,))
         if num_output_tokens is not None:
             self.admission.finished(st, num_output_tokens)
-
-    def _phase_changed(self, st: RequestState) -> None:
-        self.planner.phase_changed(st)
 
     def on_preempt(self, request_id: str, num_blocks: int = 0) -> Phase:
         phase = super().on_preempt(request_id, num_blocks)

@@ -17,12 +17,11 @@ row counts them (:func:`~meridian.core.state.count_think`).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meridian.core.state import RequestState, count_think
-from meridian.core.types import Phase
+from meridian.core.types import THINK
 
 __all__ = ["SteadyRows"]
 
@@ -62,8 +61,10 @@ class SteadyRows:
 
     def single_tokens(self, tokens: Sequence[Sequence[int]]) -> list[int] | None:
         """The step's tokens, one per row, if every row got exactly one (else ``None``)."""
-        flat = list(itertools.chain.from_iterable(tokens))
-        return flat if len(flat) == len(self.ids) else None
+        try:
+            return [token for (token,) in tokens]
+        except ValueError:  # a row with none, or with several
+            return None
 
     def ending(self, flat: list[int], think_end: int) -> list[int]:
         """Indices of the lazy rows whose token is ``think_end`` (C-level scans of ``flat``)."""
@@ -100,7 +101,7 @@ class SteadyRows:
         """Row ``i`` after the per-request path handled this step's token: lazy from the next
         step if it is thinking past its first token, not special if it answers; returns
         whether it stays special. Call before :meth:`step_done`."""
-        if st is not None and st.phase is Phase.THINK and st.num_generated_tokens:
+        if st is not None and st.phase is THINK and st.num_generated_tokens:
             self.states[i] = st
             self.base[i] = self.pending + 1  # this step's token is counted already
             return False

@@ -41,7 +41,16 @@ from dataclasses import dataclass
 from typing import Final
 
 from meridian.core.format import MULTI, ReasoningFormat
-from meridian.core.types import EnterThink, ExitThink, ForceReason, Phase, PhaseEvent
+from meridian.core.types import (
+    OUTPUT,
+    PREFILL,
+    THINK,
+    EnterThink,
+    ExitThink,
+    ForceReason,
+    Phase,
+    PhaseEvent,
+)
 from meridian.errors import MeridianError
 
 __all__ = [
@@ -122,7 +131,7 @@ def thinks_on(st: RequestState, toks: Sequence[int]) -> bool:
     """Whether ``toks``, the next tokens of a request, only add think tokens: it is in THINK past
     its first token and they can neither complete ``think_end`` nor continue a partial match.
     The bulk paths' test: such a delta is :func:`count_think`, no event."""
-    if st.phase is not Phase.THINK or not st.num_generated_tokens:
+    if st.phase is not THINK or not st.num_generated_tokens:
         return False
     end = st.format.end_marker
     single = end.single
@@ -142,7 +151,7 @@ def advance_many(
 ) -> list[Sequence[PhaseEvent]]:
     """:func:`advance` of each ``states[i]`` over ``token_ids[i]``; one event sequence each
     (mostly the shared empty one). The common cases are counted inline."""
-    think, output = Phase.THINK, Phase.OUTPUT
+    think, output = THINK, OUTPUT
     out: list[Sequence[PhaseEvent]] = []
     append = out.append
     for st, toks in zip(states, token_ids, strict=True):
@@ -179,12 +188,12 @@ def advance(st: RequestState, toks: Sequence[int]) -> Sequence[PhaseEvent]:
     n = len(toks)
     st.num_generated_tokens += n
     phase = st.phase
-    if phase is Phase.OUTPUT:
+    if phase is OUTPUT:
         st.num_output_tokens += n
         return NO_EVENTS
     events: list[PhaseEvent] | None = None
     i = 0
-    if phase is Phase.PREFILL:
+    if phase is PREFILL:
         ids, k = st.format.start_marker.ids, st.marker_progress
         while i < n and toks[i] == ids[k]:
             i += 1
@@ -194,17 +203,17 @@ def advance(st: RequestState, toks: Sequence[int]) -> Sequence[PhaseEvent]:
         if k == len(ids):
             st.num_marker_tokens += k
             st.marker_progress = 0
-            st.phase = phase = Phase.THINK
+            st.phase = phase = THINK
             events = [EnterThink(st.request_id)]
         elif i < n:
             # toks[i] cannot continue think_start: single-phase OUTPUT, pending tokens too.
             st.num_output_tokens += k
             st.marker_progress = 0
-            st.phase = phase = Phase.OUTPUT
+            st.phase = phase = OUTPUT
         else:
             st.marker_progress = k
             return NO_EVENTS
-    if phase is Phase.THINK:
+    if phase is THINK:
         fmt = st.format
         if i == 0 < n == st.num_generated_tokens and toks[0] == fmt.start_marker.single:
             # The model opened the block the prompt (or the parser) already opened: a marker.
@@ -234,7 +243,7 @@ def advance(st: RequestState, toks: Sequence[int]) -> Sequence[PhaseEvent]:
         st.num_think_tokens += done - i - m
         st.num_marker_tokens += m
         st.marker_progress = 0
-        st.phase = Phase.OUTPUT
+        st.phase = OUTPUT
         exit_event = ExitThink(st.request_id, st.num_think_tokens, st.forced is not None)
         if events is None:
             events = [exit_event]
@@ -251,7 +260,7 @@ def mark_forced(st: RequestState, reason: ForceReason) -> None:
     Raises :class:`PhaseError` outside THINK or when the request was already forced (the budget
     fires once per think phase).
     """
-    if st.phase is not Phase.THINK:
+    if st.phase is not THINK:
         raise PhaseError(
             f"mark_forced({st.request_id!r}, {reason.value}): the request is in "
             f"{st.phase.name}, not THINK; only a thinking request can be forced"
@@ -270,23 +279,23 @@ def integrity_problem(st: RequestState) -> str | None:
     len_start, len_end = len(fmt.think_start), len(fmt.think_end)
     if min(st.num_think_tokens, st.num_output_tokens, st.num_marker_tokens) < 0:
         return "negative token count"
-    if st.num_prompt_think_tokens < 0 or (st.num_prompt_think_tokens and st.phase is Phase.PREFILL):
+    if st.num_prompt_think_tokens < 0 or (st.num_prompt_think_tokens and st.phase is PREFILL):
         return "prompt think tokens negative, or held by a request that did not start thinking"
-    pending = st.marker_progress if st.phase is Phase.PREFILL else 0
+    pending = st.marker_progress if st.phase is PREFILL else 0
     counted = st.num_think_tokens + st.num_output_tokens + st.num_marker_tokens + pending
     if counted != st.num_generated_tokens:
         return f"think + output + marker + pending = {counted} != {st.num_generated_tokens}"
-    if st.phase is Phase.PREFILL:
+    if st.phase is PREFILL:
         if not fmt.has_boundaries or not 0 <= st.marker_progress < len_start:
             return "PREFILL needs boundaries and a partial think_start match"
         if st.num_think_tokens or st.num_output_tokens or st.num_marker_tokens or st.forced:
             return "PREFILL has counted tokens or a force"
-    elif st.phase is Phase.THINK:
+    elif st.phase is THINK:
         if not fmt.has_boundaries or not 0 <= st.marker_progress < len_end:
             return "THINK needs boundaries and a partial think_end match"
         if st.num_output_tokens or st.num_marker_tokens not in (0, len_start):
             return "THINK has output tokens or end-marker tokens"
-    elif st.phase is Phase.OUTPUT:
+    elif st.phase is OUTPUT:
         if st.marker_progress:
             return "OUTPUT has a pending marker match"
         allowed = {0, len_end, len_start + len_end}

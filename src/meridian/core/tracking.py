@@ -46,11 +46,13 @@ from meridian.core.state import (
     thinks_on,
 )
 from meridian.core.types import (
+    OUTPUT,
+    PREFILL,
+    THINK,
     EnterThink,
     ExitThink,
     ForceBudget,
     ForceReason,
-    Phase,
     PhaseEvent,
 )
 
@@ -137,7 +139,7 @@ class Tracker:
         listener = self.listener
         if listener is not None and listener.phase_events:
             listener.request_started(request_id)
-            if st.phase is Phase.THINK:
+            if st.phase is THINK:
                 listener.phase_event(request_id, EnterThink(request_id))
         return st
 
@@ -188,7 +190,7 @@ class Tracker:
         st = self.states.get(request_id)
         if st is None:
             return None
-        pending = st.marker_progress if st.phase is Phase.PREFILL else 0
+        pending = st.marker_progress if st.phase is PREFILL else 0
         think = st.num_think_tokens
         return think, max(0, num_output_tokens - think - st.num_marker_tokens - pending)
 
@@ -308,7 +310,7 @@ class Tracker:
         self, rest: list[str], deltas: Mapping[str, Sequence[int]], step: int
     ) -> None:
         """The ids in ``rest`` one by one, with their new tokens in ``deltas``."""
-        think, output = Phase.THINK, Phase.OUTPUT
+        think, output = THINK, OUTPUT
         rids: list[str] = []
         thinking: list[RequestState] = []
         thinking_deltas: list[Sequence[int]] = []
@@ -367,7 +369,7 @@ class Tracker:
                 listener.reasoning_started(rid)  # a generated think_start
             if listener is not None and listener.phase_events:
                 listener.phase_event(rid, event)
-        if st.phase is not Phase.PREFILL:
+        if st.phase is not PREFILL:
             # The phase changed (or it left PREFILL on this delta's first token).
             self.on_phase_change(st)
         if st.num_output_tokens and rid not in self.served and rid not in self.answered:
@@ -406,7 +408,7 @@ class Tracker:
     def _arm(self, request_ids: list[str]) -> None:
         """Count the rows of ``request_ids`` in bulk from the next step on (they got tokens in
         the last two steps)."""
-        states, served, think = self.states, self.served, Phase.THINK
+        states, served, think = self.states, self.served, THINK
         thinking: list[RequestState | None] = []
         for rid in request_ids:
             st = states.get(rid)
@@ -434,7 +436,7 @@ class Tracker:
         firsts = [
             st
             for st in map(states.get, [ids[i] for i in rows.special])
-            if st is not None and st.phase is Phase.OUTPUT and st.request_id not in answered
+            if st is not None and st.phase is OUTPUT and st.request_id not in answered
         ]
         try:
             if len(firsts) == len(rows.special):

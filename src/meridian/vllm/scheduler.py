@@ -44,7 +44,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry
@@ -86,32 +86,6 @@ _COMPLETED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_L
 # host-tier eviction policy (meridian.vllm.offload.ReasoningFirstPolicy) reads it to tell prompt
 # blocks from generated ones. vLLM's scheduler only reads "do_remote_prefill" there.
 PROMPT_TOKENS_KEY = "meridian_prompt_tokens"
-
-
-class _NewTokens(Sequence[list[int]]):
-    """The new tokens of a step's outputs that have any, as a list built on first use: the
-    policy reads them only when the step is not the common one."""
-
-    __slots__ = ("_list", "_outs")
-
-    def __init__(self, outs: Sequence[Any]) -> None:
-        self._outs = outs
-        self._list: list[list[int]] | None = None
-
-    def _tokens(self) -> list[list[int]]:
-        tokens = self._list
-        if tokens is None:
-            tokens = self._list = [out.new_token_ids for out in self._outs if out.new_token_ids]
-        return tokens
-
-    def __len__(self) -> int:
-        return len(self._tokens())
-
-    def __iter__(self) -> Iterator[list[int]]:
-        return iter(self._tokens())
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._tokens()[i]
 
 
 class MeridianScheduler(Scheduler):
@@ -283,7 +257,8 @@ class MeridianScheduler(Scheduler):
                     self.meridian_fail_open.error("add_request", exc, rid)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
-        self._track_new()  # timed as update-side overhead, like the tracking it batches
+        if self._new_requests:  # (checked here too: a call less on most steps)
+            self._track_new()  # timed as update-side overhead, like the tracking it batches
         overhead = self.meridian_overhead
         start = time.perf_counter()
         active_cap = self.max_num_active_reqs
@@ -382,24 +357,26 @@ class MeridianScheduler(Scheduler):
     def _observe_step(self, outputs: dict[int, Any] | None) -> None:
         """Feed the step's new tokens to the policy in one batch: those of the outputs
         ``update_from_output`` returns (``{client: EngineCoreOutputs}``), after vLLM's stop
-        checks: the ids, and the tokens as an aligned lazy list (the common step, the same
-        answer streams as the step before, never reads it).
-        (Comprehensions: ``attrgetter`` over vLLM's msgspec structs costs twice as much.)"""
+        checks, as two aligned lists (ids, tokens).
+        (Plain comprehensions, no helper object: ``attrgetter`` over vLLM's msgspec structs
+        costs twice as much, and every Python call on this path runs in the caches a forward
+        pass leaves cold.)"""
         if not outputs:
             return
         start = time.perf_counter()
         try:  # fail open (the plain form, on this per-step path)
-            policy, step = self.meridian_policy, self.current_step
-            clients = list(outputs.values())  # one per front-end client; mostly one
-            outs = (
-                clients[0].outputs
-                if len(clients) == 1
-                else [out for client in clients for out in client.outputs]
-            )
-            # Not an output without tokens (an error, a pooling result).
-            ids = [out.request_id for out in outs if out.new_token_ids]
+            if len(outputs) == 1:  # one per front-end client; mostly one
+                for client in outputs.values():
+                    outs = client.outputs
+            else:
+                outs = [out for client in outputs.values() for out in client.outputs]
+            ids = [out.request_id for out in outs]
+            tokens = [out.new_token_ids for out in outs]
+            if not all(tokens):  # not an output without tokens (an error, a pooling result)
+                ids = [rid for rid, toks in zip(ids, tokens, strict=True) if toks]
+                tokens = [toks for toks in tokens if toks]
             if ids:
-                policy.observe(ids, _NewTokens(outs), step)
+                self.meridian_policy.observe(ids, tokens, self.current_step)
         except UntrackedRequestsError as exc:
             self._adopt(exc.request_ids)
         except Exception as exc:
