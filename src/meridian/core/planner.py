@@ -21,11 +21,12 @@ The lazy order. Most steps change nothing that matters: planning them again woul
 over every running request for the order it already has. The order set last time still holds
 while no phase changed, nobody was preempted, no re-admission guard expired, nobody joined the
 running set and the last plan deferred nobody (engines only remove from and append to it): then
-``plan`` returns the running list itself. A plan that deferred requests is made again every
-step: their deferral counts (the starvation guard) and skips advance only in a new plan. And no
-order is computed at all while none could change what the step does (``_order_is_moot``):
-every request will be scheduled in full and has the KV it can need, so the engine's own order
-serves as well.
+``plan`` returns the running list itself. (A request that begins to answer while the order is
+moot, below, changes nothing: one answer stream more never makes it matter.) A plan that
+deferred requests is made again every step: their deferral counts (the starvation guard) and
+skips advance only in a new plan. And no order is computed at all while none could change what
+the step does (``_order_is_moot``): every request will be scheduled in full and has the KV it
+can need, so the engine's own order serves as well.
 """
 
 from __future__ import annotations
