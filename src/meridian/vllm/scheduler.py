@@ -366,8 +366,8 @@ class MeridianScheduler(Scheduler):
         start = time.perf_counter()
         try:  # fail open (the plain form, on this per-step path)
             if len(outputs) == 1:  # one per front-end client; mostly one
-                for client in outputs.values():
-                    outs = client.outputs
+                (client,) = outputs.values()
+                outs = client.outputs
             else:
                 outs = [out for client in outputs.values() for out in client.outputs]
             ids = [out.request_id for out in outs]
