@@ -89,7 +89,7 @@ def test_a_fixed_setting_is_the_budget_and_is_never_measured() -> None:
         assert budget.rows == setting and budget.step_time is None
         for step in range(3 * BUDGET_REFIT_STEPS):
             assert not budget.planned(float(step))
-            budget.scheduled(num_rows=64, num_tokens=64, plan_time=float(step))
+            budget.scheduled(num_rows=64, num_tokens=64)
         assert budget.rows == setting
 
 
@@ -104,7 +104,7 @@ def run(budget: OutputBudget, steps: list[tuple[int, int, float]], now: float = 
     """Plan and schedule ``steps`` of (rows, tokens, seconds); the clock after them."""
     for rows, tokens, seconds in steps:
         budget.planned(now)
-        budget.scheduled(num_rows=rows, num_tokens=tokens, plan_time=now)
+        budget.scheduled(num_rows=rows, num_tokens=tokens)
         now += seconds
     return now
 
@@ -118,7 +118,7 @@ def test_auto_measures_decode_only_steps_from_plan_to_plan() -> None:
     assert budget.rows is None, "samples are folded in batches: not yet"
     changed = [budget.planned(now)]
     for _ in range(BUDGET_REFIT_STEPS):
-        budget.scheduled(num_rows=8, num_tokens=8, plan_time=now)
+        budget.scheduled(num_rows=8, num_tokens=8)
         now += 0.040
         changed.append(budget.planned(now))
     # One refit derived the budget, and planned() said so exactly then.
@@ -135,7 +135,7 @@ def test_prefill_steps_and_idle_time_are_no_samples() -> None:
     assert budget.rows == 4
     now = run(budget, [(8, 500, 5.0)], now)  # a prefill step: 500 tokens for 8 rows
     budget.planned(now)
-    budget.scheduled(num_rows=8, num_tokens=8, plan_time=now)
+    budget.scheduled(num_rows=8, num_tokens=8)
     budget.idle()  # the engine ran out of work: the time until the next plan is no step's
     now += 60.0
     now = run(budget, [(8, 8, 0.040)] * (BUDGET_REFIT_STEPS + 1), now)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import numpy as np
@@ -286,3 +286,64 @@ def test_a_real_sim_run_scraped_matches_its_result() -> None:
         assert value(families, cat.PREEMPTIONS, phase=cat.phase_label(phase)) == expected
     assert value(families, cat.OUTPUT_CRITICAL_EVICTIONS) == 0  # not a simulator event
     assert value(families, cat.TRACKED_REQUESTS) == 0  # every request finished
+
+
+def test_the_adapters_listener_observes_exits_and_first_answers_in_batches() -> None:
+    """vLLM's listener stamps a think exit and a first answer on the step's path and observes
+    them later, in a batch: the same figures as at once, whether the batch is settled by a
+    publish or by a request's end (after which its stamps must not linger)."""
+    from types import SimpleNamespace
+
+    from meridian.telemetry.otel import Tracer
+    from meridian.vllm.publishing import MetricsListener
+
+    clock = [0.0]
+    metrics = MeridianMetrics()
+    requests = {rid: SimpleNamespace(arrival_time=0.5) for rid in ("a", "b", "c")}
+    listener = MetricsListener(metrics, Tracer(), requests, lambda: clock[0])
+
+    def get(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    def at(t: float, event: Callable[[], None]) -> None:
+        clock[0] = t
+        event()
+
+    at(1.0, lambda: listener.reasoning_started("a"))
+    at(1.0, lambda: listener.reasoning_started("b"))
+    at(3.0, lambda: listener.think_ended("a", 40, True))
+    at(4.0, lambda: listener.first_answer("a"))
+    at(5.0, lambda: listener.think_ended("b", 60, False))
+    at(5.5, lambda: listener.first_answer("c"))  # answered without reasoning
+    assert get("meridian_ttot_seconds_count") == 0  # nothing observed yet
+    del requests["a"]  # freed: its arrival was read when it answered
+    listener.request_finished("a")  # settles the batch, then forgets "a"
+    listener.publish()
+    assert get("meridian_reasoning_seconds_count") == 2
+    assert get("meridian_reasoning_seconds_sum") == pytest.approx(2.0 + 4.0)
+    assert get("meridian_request_think_tokens_sum") == 100
+    assert get("meridian_budget_forces_total", reason="hard_cap") == 1
+    assert get("meridian_ttfvt_seconds_count") == 2
+    assert get("meridian_ttfvt_seconds_sum") == pytest.approx(3.5 + 5.0)
+    assert get("meridian_ttot_seconds_count") == 1
+    assert get("meridian_ttot_seconds_sum") == pytest.approx(1.0)
+    # "b" ended its reasoning in the last batch and answers in the next one: TTOT spans them.
+    at(7.0, lambda: listener.first_answer("b"))
+    listener.publish()
+    assert get("meridian_ttot_seconds_count") == 2
+    assert get("meridian_ttot_seconds_sum") == pytest.approx(1.0 + 2.0)
+    assert get("meridian_ttfvt_seconds_sum") == pytest.approx(3.5 + 5.0 + 6.5)
+    # Nothing of "a" is left to observe again.
+    listener.publish()
+    assert get("meridian_ttot_seconds_count") == 2
+    assert get("meridian_reasoning_seconds_count") == 2
+    # A request aborted between its think exit and its first answer leaves nothing behind (the
+    # listener lives as long as the engine).
+    at(8.0, lambda: listener.reasoning_started("d"))
+    at(9.0, lambda: listener.think_ended("d", 10, False))
+    listener.request_finished("d")
+    listener.request_finished("b")
+    listener.request_finished("c")
+    listener.publish()
+    assert get("meridian_reasoning_seconds_sum") == pytest.approx(2.0 + 4.0 + 1.0)
+    assert not listener._think_ended_at and not listener._reasoning_from

@@ -39,13 +39,12 @@ FAULTS: tuple[tuple[str, ...], ...] = (
     ("queue_gauges",),
     ("on_idle",),
     ("clock",),
-    ("num_tracked",),
     ("untrack_many", "untrack"),
 )
 # Members the adapter reads that are no call on this workload's path: the counters read by tests
-# and benchmarks (meridian_stats), and the phase read only under speculative decoding (draft
-# counting; test_vllm_speculative.py runs it).
-NOT_ENGINE_CALLS = frozenset({"stats", "phase"})
+# and benchmarks (meridian_stats, meridian_num_tracked), and the phase read only under
+# speculative decoding (draft counting; test_vllm_speculative.py runs it).
+NOT_ENGINE_CALLS = frozenset({"stats", "num_tracked", "phase"})
 
 
 def _policy_members_the_adapter_uses() -> set[str]:

@@ -58,6 +58,10 @@ class Signals(enum.Enum):
     RPDI = "rpdi"
     NONE = "none"  # the hard cap only
 
+    # Members are singletons: hash by identity, in C, instead of Enum's Python-level
+    # hash(name) (each request's budget is looked up by its signals when it is tracked).
+    __hash__ = object.__hash__
+
     @property
     def eat(self) -> bool:
         return self in (Signals.ALL, Signals.EAT)

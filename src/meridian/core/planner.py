@@ -261,8 +261,7 @@ class Planner:
         """Keep the engine's order: the dual queue takes in newcomers and records a step that
         served everyone."""
         if newcomer or not self._moot:
-            self._sync_queued(running, step)
-            self._last_ids = frozenset(r.request_id for r in running)
+            self._last_ids = frozenset(self._sync_queued(running, step))
             self._last_tail = running[-1]
         self.queues.serve_all()
         self._moot = True

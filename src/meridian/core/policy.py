@@ -333,6 +333,11 @@ class MeridianPolicy(TrackingPolicy):
         # while reasoning runs long). With one phase there is nothing to arbitrate: the engine's
         # order, preemption and admission stand, as TrackingPolicy's; tracking and counting go on.
         self.stands_aside = not self.format.has_boundaries
+        if not self.stands_aside:
+            # What ``plan`` and ``on_step`` call, bound here: a method handing the call on would
+            # add a Python call to every step (as ``observe``).
+            self.plan = self.planner.plan  # type: ignore[method-assign]
+            self.on_step = self.budget.scheduled  # type: ignore[method-assign]
 
     def _history(self, config: SchedulerConfig) -> int:
         return PACE_HISTORY_STEPS if config.answer_pace_ms else 0
@@ -390,9 +395,10 @@ class MeridianPolicy(TrackingPolicy):
     def on_step(self, num_rows: int, num_tokens: int) -> None:
         """A decode-only step (one token per row) is timed until the next ``plan``: its duration
         is what an answer stream waits between tokens, a sample of the output-budget fit
-        (standing aside, no plan applies the budget: nothing is timed)."""
+        (standing aside, no plan applies the budget: nothing is timed). (Unless standing aside,
+        ``_build`` binds the budget's method in its place.)"""
         if not self.stands_aside:
-            self.budget.scheduled(num_rows, num_tokens, self.planner.plan_time)
+            self.budget.scheduled(num_rows, num_tokens)
 
     def on_idle(self) -> None:
         """The time until the next step is no step's time, and the last step's batch sizes are
@@ -402,7 +408,8 @@ class MeridianPolicy(TrackingPolicy):
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         """The plan of the coming step over ``running`` (:mod:`meridian.core.planner`);
-        ``num_free_blocks`` is the engine's free KV block count. Standing aside: the engine's."""
+        ``num_free_blocks`` is the engine's free KV block count. Standing aside: the engine's.
+        (Unless standing aside, ``_build`` binds the planner's method in its place.)"""
         if self.stands_aside:
             return super().plan(running, step, num_free_blocks)
         return self.planner.plan(running, step, num_free_blocks)

@@ -433,11 +433,15 @@ class Tracker:
         self._served_ids = None
         for i in ending:
             rows.settle_row(i)  # its tokens before this one
-        firsts = [
-            st
-            for st in map(states.get, [ids[i] for i in rows.special])
-            if st is not None and st.phase is OUTPUT and st.request_id not in answered
-        ]
+        firsts = (
+            [
+                st
+                for st in map(states.get, [ids[i] for i in rows.special])
+                if st is not None and st.phase is OUTPUT and st.request_id not in answered
+            ]
+            if rows.special
+            else []  # (a think exit's step: no comprehension to enter)
+        )
         try:
             if len(firsts) == len(rows.special):
                 # The common cases directly, in _observe_rest's order: first answer tokens, then

@@ -72,7 +72,10 @@ class MetricsListener:
     clock ``arrival_time`` is on: wall time in vLLM, the simulator's virtual time there.
     Histogram observations and hard-cap forces are measured when they happen and kept until
     :meth:`publish` (:class:`Publisher` publishes at most every ``PUBLISH_INTERVAL_S`` and when the
-    engine idles): one update per histogram and batch costs less than one per request.
+    engine idles): one update per histogram and batch costs less than one per request. A think
+    exit and a first answer, heard on the step's path, are only stamped there; what they
+    observe (reasoning seconds, think tokens, TTFVT, TTOT) is worked out in a batch, before a
+    publish or a request's end (:meth:`_settle`).
     """
 
     def __init__(
@@ -108,9 +111,15 @@ class MetricsListener:
             (cat.THINK_TOKENS, self._think_tokens),
         )
         self._num_hard_caps = 0
+        # Heard and not yet settled, in order: think exits (request id, clock, think tokens,
+        # hard cap) and first answers (request id, clock, arrival time or None).
+        self._exits: list[tuple[str, float, int, bool]] = []
+        self._firsts: list[tuple[str, float, float | None]] = []
 
     def publish(self) -> None:
         """Put the observations kept so far on the metrics."""
+        if self._exits or self._firsts:
+            self._settle()
         metrics = self.metrics
         for spec, pending in self._pending:
             if pending:
@@ -124,13 +133,29 @@ class MetricsListener:
         self._reasoning_from[request_id] = self.now()
 
     def first_answer(self, request_id: str) -> None:
-        now = self.now()
-        request = self.requests.get(request_id)
-        if request is not None:
-            self._ttfvt.append((ttfvt(request.arrival_time, now), 1))
-        to_answer = ttot(self._think_ended_at.pop(request_id, None), now)
-        if to_answer is not None:
-            self._ttot.append((to_answer, 1))
+        request = self.requests.get(request_id)  # (now: a request may be freed before _settle)
+        arrival = None if request is None else request.arrival_time
+        self._firsts.append((request_id, self.now(), arrival))
+
+    def _settle(self) -> None:
+        """Observe the think exits, then the first answers, heard since the last call (a think
+        exit always comes before its request's first answer)."""
+        think_ended_at, reasoning_from = self._think_ended_at, self._reasoning_from
+        for request_id, now, num_think_tokens, hard_cap in self._exits:
+            think_ended_at[request_id] = now
+            started = reasoning_from.pop(request_id, None)
+            if started is not None:
+                self._reasoning.append((max(0.0, now - started), 1))
+            self._think_tokens.append((num_think_tokens, 1))
+            self._num_hard_caps += hard_cap
+        self._exits.clear()
+        for request_id, now, arrival in self._firsts:
+            if arrival is not None:
+                self._ttfvt.append((ttfvt(arrival, now), 1))
+            to_answer = ttot(think_ended_at.pop(request_id, None), now)
+            if to_answer is not None:
+                self._ttot.append((to_answer, 1))
+        self._firsts.clear()
 
     def answer_gaps(self, seconds: float, count: int) -> None:
         self._itl.append((seconds, count))
@@ -139,6 +164,8 @@ class MetricsListener:
         self.tracer.request_started(request_id)  # (called only while tracing: phase_events)
 
     def request_finished(self, request_id: str) -> None:
+        if self._exits or self._firsts:
+            self._settle()  # (its own exit and first answer among them, maybe)
         self._think_ended_at.pop(request_id, None)
         self._reasoning_from.pop(request_id, None)
         if self.tracer.enabled:
@@ -156,12 +183,7 @@ class MetricsListener:
             self.metrics.count_kv_eviction(tier, num_blocks)
 
     def think_ended(self, request_id: str, num_think_tokens: int, hard_cap: bool) -> None:
-        now = self._think_ended_at[request_id] = self.now()
-        started = self._reasoning_from.pop(request_id, None)
-        if started is not None:
-            self._reasoning.append((max(0.0, now - started), 1))
-        self._think_tokens.append((num_think_tokens, 1))
-        self._num_hard_caps += hard_cap
+        self._exits.append((request_id, self.now(), num_think_tokens, hard_cap))
 
 
 class Publisher:
@@ -226,24 +248,24 @@ class Publisher:
         """A request left without its tokens counted (an untracking that failed)."""
         self._tokens_counted.pop(request_id, None)
 
-    def step_done(self, running: Sequence[Any]) -> None:
+    def step_done(self, running: Sequence[Any], idle: bool) -> None:
         """A step ended: its ``meridian_schedule_overhead_seconds`` sample (Meridian's time since
         the previous one: plans, gauges, token accounting, tracking), and a publish when one is
-        due (module docstring); ``running`` are the engine's running requests."""
+        due (module docstring); ``running`` are the engine's running requests, ``idle``: the
+        engine has nothing left to run (always a publish: the gauges go to 0 now)."""
         overhead = self.stats
         total = overhead.schedule_overhead_s + overhead.update_overhead_s
         samples = self._overhead_samples
         samples.append((total - self._sampled_overhead_s, 1))
         self._sampled_overhead_s = total
-        policy = self.policy
         try:  # fail open (as _guarded, without its object on this per-step path)
-            now = policy.clock()
-            due = now - self._published_at >= PUBLISH_INTERVAL_S or not policy.num_tracked
+            now = self.policy.clock()
+            due = idle or now - self._published_at >= PUBLISH_INTERVAL_S
             if due:
                 self._published_at = now
         except Exception as exc:
             self.fail_open.error("stat_logger", exc)
-            due = len(samples) >= SAMPLES_WITHOUT_CLOCK
+            due = idle or len(samples) >= SAMPLES_WITHOUT_CLOCK
         if due:
             with self.fail_open("stat_logger", timed=self.stats):
                 metrics = self.metrics

@@ -223,10 +223,13 @@ class MeridianScheduler(Scheduler):
         super().add_request(request)
         if is_new:
             # Tracked in a batch at the next schedule() (_track_new), on the clock of now
-            # (None: the policy's clock failed; track() then reads it itself).
+            # (None: the policy's clock failed; track() then reads it itself). One clock read,
+            # not timed: a timed guard would cost many times the read it times.
             added_at = None
-            with self.meridian_fail_open("add_request", request.request_id, self.meridian_overhead):
+            try:  # fail open (the plain form)
                 added_at = self.meridian_policy.clock()
+            except Exception as exc:
+                self.meridian_fail_open.error("add_request", exc, request.request_id)
             self._new_requests[request.request_id] = (request, added_at)
 
     def _track_new(self) -> None:
@@ -344,15 +347,15 @@ class MeridianScheduler(Scheduler):
             freed, self._freed = self._freed, None
             if freed:
                 self._untrack(*freed)
-            if not self.has_unfinished_requests():
+            idle = not self.has_unfinished_requests()
+            if idle:
                 with self.meridian_fail_open("on_idle", timed=self.meridian_overhead):
                     self.meridian_policy.on_idle()  # idle until the next request: no step time
                     if self.meridian_step_log is not None:
                         self.meridian_step_log.idle()
-                    self._publisher.publish_gauges()  # nothing runs: the batch sizes go to 0 now
             ours = overhead.update_overhead_s - ours_before
             overhead.stock_update_s += time.perf_counter() - start - ours
-            self._publisher.step_done(self.running)
+            self._publisher.step_done(self.running, idle)  # idle: a publish (the gauges go to 0)
 
     def _observe_step(self, outputs: dict[int, Any] | None) -> None:
         """Feed the step's new tokens to the policy in one batch: those of the outputs
