@@ -1,8 +1,7 @@
 """When each step's tokens came, and answer pacing: skip an answer stream that is ahead of pace.
 
-:class:`StepTimes` keeps the clock at each recent step's tokens (a ring indexed by step: two
-stores a step, where a dict would hash, insert, delete and now and then rebuild; typed arrays,
-so a store frees no object stamped thousands of steps ago, in memory long cold). The tracker
+:class:`StepTimes` keeps the clock at each recent step's tokens (a ring indexed by step: two list
+stores a step, where a dict would hash, insert, delete and now and then rebuild). The tracker
 stamps it as it observes each step; answer gaps (what a stream waited between two tokens) and
 pacing read it.
 
@@ -15,7 +14,6 @@ new plan-to-plan interval.
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Callable, Sequence
 
 from meridian.core.interface import R
@@ -35,8 +33,8 @@ class StepTimes:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.steps = array("q", [-1]) * size  # the step each slot was stamped for
-        self.times = array("d", [0.0]) * size
+        self.steps = [-1] * size  # the step each slot was stamped for
+        self.times = [0.0] * size
 
     def stamp(self, step: int, now: float) -> float | None:
         """``step``'s tokens were observed at ``now``; returns the clock of ``step - 1``'s
