@@ -147,13 +147,14 @@ def test_headroom_admission_through_vllms_scheduler_cuts_preemption_and_recomput
 def test_a_policy_error_stops_the_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
     # Serving fails open (vLLM's stock behaviour applies); a simulation that did would report
     # stock vLLM's figures under Meridian's name.
-    from meridian.core.policy import MeridianPolicy
+    from meridian.core.planner import Planner
     from meridian.sim.engine import SimulationError
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("broken plan")
 
-    monkeypatch.setattr(MeridianPolicy, "plan", broken)
+    # (The planner's: MeridianPolicy.plan is the planner's own method, bound when it is built.)
+    monkeypatch.setattr(Planner, "plan", broken)
     spec = dataclasses.replace(SMALL, duration_s=1.0)
     streams = StreamSet(load_requests(spec, spec.arrival_rate), spec.config)
     with pytest.raises(SimulationError, match=r"'meridian'.*stock behaviour"):
