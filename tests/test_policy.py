@@ -412,8 +412,8 @@ class Recording:
     def request_started(self, request_id: str) -> None:
         self.log.append(("start", request_id))
 
-    def request_finished(self, request_id: str) -> None:
-        self.log.append(("finish", request_id))
+    def requests_finished(self, request_ids: list[str]) -> None:
+        self.log.extend(("finish", request_id) for request_id in request_ids)
 
     def phase_event(self, request_id: str, event: PhaseEvent) -> None:
         self.log.append((type(event).__name__, request_id))

@@ -317,7 +317,7 @@ def test_the_adapters_listener_observes_exits_and_first_answers_in_batches() -> 
     at(5.5, lambda: listener.first_answer("c"))  # answered without reasoning
     assert get("meridian_ttot_seconds_count") == 0  # nothing observed yet
     del requests["a"]  # freed: its arrival was read when it answered
-    listener.request_finished("a")  # settles the batch, then forgets "a"
+    listener.requests_finished(["a"])  # settles the batch, then forgets "a"
     listener.publish()
     assert get("meridian_reasoning_seconds_count") == 2
     assert get("meridian_reasoning_seconds_sum") == pytest.approx(2.0 + 4.0)
@@ -341,9 +341,55 @@ def test_the_adapters_listener_observes_exits_and_first_answers_in_batches() -> 
     # listener lives as long as the engine).
     at(8.0, lambda: listener.reasoning_started("d"))
     at(9.0, lambda: listener.think_ended("d", 10, False))
-    listener.request_finished("d")
-    listener.request_finished("b")
-    listener.request_finished("c")
+    listener.requests_finished(["d", "b", "c"])
     listener.publish()
     assert get("meridian_reasoning_seconds_sum") == pytest.approx(2.0 + 4.0 + 1.0)
     assert not listener._think_ended_at and not listener._reasoning_from
+
+
+def test_the_adapters_kv_gauges_follow_the_running_requests_across_publishes() -> None:
+    """The KV blocks by phase are published with each batch, and only written when they
+    changed: an idle engine's zeros stay zeros, and blocks that come back after them are
+    written again."""
+    import logging
+    from types import SimpleNamespace
+
+    from meridian.config import SchedulerConfig
+    from meridian.core.format import ReasoningFormat
+    from meridian.core.policy import MeridianPolicy
+    from meridian.telemetry.otel import Tracer
+    from meridian.vllm.failopen import FailOpen
+    from meridian.vllm.publishing import AdapterStats, MetricsListener, Publisher
+
+    metrics = MeridianMetrics()
+    listener = MetricsListener(metrics, Tracer(), {}, lambda: 0.0)
+    fmt = ReasoningFormat(think_start=(7,), think_end=(8,))
+    policy = MeridianPolicy(fmt, SchedulerConfig(), block_size=16, capacity=8, listener=listener)
+    fail_open = FailOpen(metrics, logging.getLogger(__name__), "scheduler")
+    publisher = Publisher(metrics, listener, policy, AdapterStats(), fail_open, kv_block_bytes=100)
+    policy.track("think", [1, 7])
+    policy.track("answer", [1, 7, 5, 8])
+
+    def running(think_tokens: int, answer_tokens: int) -> list[SimpleNamespace]:
+        return [
+            SimpleNamespace(request_id="think", num_computed_tokens=think_tokens),
+            SimpleNamespace(request_id="answer", num_computed_tokens=answer_tokens),
+        ]
+
+    def kv() -> tuple[float | None, ...]:
+        get = metrics.registry.get_sample_value
+        return (
+            get("meridian_kv_blocks", {"phase": "think"}),
+            get("meridian_kv_blocks", {"phase": "output"}),
+            get("meridian_kv_used_bytes", {"tier": "think_active"}),
+            get("meridian_kv_used_bytes", {"tier": "output_critical"}),
+        )
+
+    publisher.step_done(running(20, 33), idle=True)
+    assert kv() == (2, 3, 200, 300)
+    publisher.step_done([], idle=True)
+    assert kv() == (0, 0, 0, 0)
+    publisher.step_done([], idle=True)  # unchanged: nothing to write
+    assert kv() == (0, 0, 0, 0)
+    publisher.step_done(running(20, 33), idle=True)
+    assert kv() == (2, 3, 200, 300)

@@ -56,8 +56,9 @@ class Listener:
     def request_started(self, request_id: str) -> None:
         self._add(request_id, "start")
 
-    def request_finished(self, request_id: str) -> None:
-        self._add(request_id, "finish")
+    def requests_finished(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self._add(request_id, "finish")
 
     def phase_event(self, request_id: str, event: PhaseEvent) -> None:
         self._add(request_id, type(event).__name__)

@@ -151,7 +151,7 @@ def test_a_tracking_error_fails_open_for_that_request_only(
         assert policy.admission.lengths.num_samples == 1  # ok-1 was tracked to its end
 
 
-def test_an_untracking_error_fails_open_for_that_request_only(
+def test_an_untracking_error_fails_open_and_the_whole_batch_is_untracked(
     engine: Any, chat_prompt: Prompt, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Requests finishing in the same step are untracked in one batch; an exception for one of
@@ -160,14 +160,14 @@ def test_an_untracking_error_fails_open_for_that_request_only(
         scheduler, core = scheduler_of(llm), llm.llm_engine
         policy = scheduler.meridian_policy
         listener = policy.listener
-        finished_hook = listener.request_finished
+        finished_hook = listener.requests_finished
 
-        def failing(request_id: str) -> None:
-            if request_id.startswith("bad"):
+        def failing(request_ids: list[str]) -> None:
+            if any(rid.startswith("bad") for rid in request_ids):
                 raise RuntimeError("listener failed")
-            finished_hook(request_id)
+            finished_hook(request_ids)
 
-        monkeypatch.setattr(listener, "request_finished", failing)
+        monkeypatch.setattr(listener, "requests_finished", failing)
         rids = ("ok-0", "bad-1", "ok-2", "ok-3")
         for rid in rids:
             core.add_request(rid, chat_prompt(0, thinking=False), greedy(6))

@@ -95,7 +95,8 @@ class PolicyListener(Protocol):
 
     def request_started(self, request_id: str) -> None: ...
 
-    def request_finished(self, request_id: str) -> None: ...
+    def requests_finished(self, request_ids: list[str]) -> None:
+        """The policy stopped tracking ``request_ids`` (finished or aborted together)."""
 
     def phase_event(self, request_id: str, event: PhaseEvent) -> None: ...
 

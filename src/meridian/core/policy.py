@@ -89,6 +89,12 @@ class TrackingPolicy:
     #: itself, bound in ``__init__``: a method handing the call on would add a Python call to
     #: every step, on a path the forward pass leaves cold.
     observe: Callable[[list[str], Sequence[Sequence[int]], int], None]
+    #: (think, answer) tokens of a tracked request that has generated ``num_output_tokens``
+    #: (the engine's count), ``tokens_by_phase(request_id, num_output_tokens)``; ``None`` if it
+    #: is not tracked. :meth:`Tracker.tokens_by_phase
+    #: <meridian.core.tracking.Tracker.tokens_by_phase>` itself, bound as ``observe`` (an adapter
+    #: calls it for every request it counts).
+    tokens_by_phase: Callable[[str, int], tuple[int, int] | None]
 
     def __init__(
         self,
@@ -125,6 +131,7 @@ class TrackingPolicy:
             on_phase_change=self._phase_changed,
         )
         self.observe = self.tracker.observe
+        self.tokens_by_phase = self.tracker.tokens_by_phase
         self.listener = listener
         self._build(config, output_budget, admission, max_step_tokens)
 
@@ -199,8 +206,8 @@ class TrackingPolicy:
         pass (a batch finishing together)."""
         self.tracker.untrack_many(finished, self._untracked)
 
-    def _untracked(self, st: RequestState, num_output_tokens: int | None) -> None:
-        """A request left the table (its counts up to date)."""
+    def _untracked(self, gone: list[tuple[RequestState, int | None]]) -> None:
+        """Requests left the table, ``(state, num_output_tokens)`` each (counts up to date)."""
 
     def _phase_changed(self, st: RequestState) -> None:
         """A tracked request's phase changed (or a PREFILL request's was decided)."""
@@ -253,11 +260,6 @@ class TrackingPolicy:
         """(output queue, think queue) depths and the last step's (output, think) batch sizes:
         zeros for a policy without queues."""
         return 0, 0, 0, 0
-
-    def tokens_by_phase(self, request_id: str, num_output_tokens: int) -> tuple[int, int] | None:
-        """(think, answer) tokens of a tracked request that has generated ``num_output_tokens``
-        (the engine's count); ``None`` if it is not tracked."""
-        return self.tracker.tokens_by_phase(request_id, num_output_tokens)
 
     def blocks_by_phase(self, requests: Sequence[EngineRequest]) -> tuple[int, int]:
         """KV blocks ``requests`` hold for their computed tokens: (not answering, answering)."""
@@ -382,10 +384,12 @@ class MeridianPolicy(TrackingPolicy):
             return 0.0  # admission in the engine's order: the wait is never read
         return super()._tracked_at(tracked_at)
 
-    def _untracked(self, st: RequestState, num_output_tokens: int | None) -> None:
-        self.planner.forget((st.request_id,))
-        if num_output_tokens is not None:
-            self.admission.finished(st, num_output_tokens)
+    def _untracked(self, gone: list[tuple[RequestState, int | None]]) -> None:
+        self.planner.forget([st.request_id for st, _ in gone])
+        finished = self.admission.finished
+        for st, num_output_tokens in gone:
+            if num_output_tokens is not None:
+                finished(st, num_output_tokens)
 
     def on_preempt(self, request_id: str, num_blocks: int = 0) -> Phase:
         phase = super().on_preempt(request_id, num_blocks)

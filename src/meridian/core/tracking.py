@@ -146,26 +146,30 @@ class Tracker:
     def untrack_many(
         self,
         finished: Iterable[tuple[str, int | None]],
-        on_untracked: Callable[[RequestState, int | None], None],
+        on_untracked: Callable[[list[tuple[RequestState, int | None]]], None],
     ) -> None:
         """Stop tracking each ``(request id, num_output_tokens)`` of ``finished`` (unknown ids are
-        ignored); ``on_untracked(state, num_output_tokens)`` is told of each tracked one, its
-        counts up to date, before the listener is."""
+        ignored); ``on_untracked(gone)`` is told of the tracked ones, ``(state,
+        num_output_tokens)`` each, their counts up to date, before the listener is (once for the
+        batch: one call, not one a request, on the step's path)."""
         # The batch changes with them (the next step's requests would not match it anyway), and
         # no bulk step may count a state it holds for an id that is tracked again.
         self._disarm()
-        states, served, answered, listener = self.states, self.served, self.answered, self.listener
+        states, served, answered = self.states, self.served, self.answered
         self._served_ids = None
+        gone: list[tuple[RequestState, int | None]] = []
         for request_id, num_output_tokens in finished:
             st = states.pop(request_id, None)
             served.discard(request_id)
             answered.pop(request_id, None)
-            if st is None:
-                continue
-            on_untracked(st, num_output_tokens)
-            # The listener last: if it fails, the request is untracked all the same.
-            if listener is not None:
-                listener.request_finished(request_id)
+            if st is not None:
+                gone.append((st, num_output_tokens))
+        if not gone:
+            return
+        on_untracked(gone)
+        # The listener last: if it fails, the requests are untracked all the same.
+        if self.listener is not None:
+            self.listener.requests_finished([st.request_id for st, _ in gone])
 
     def state(self, request_id: str) -> RequestState:
         """A tracked request's live state, its counts up to date."""

@@ -163,13 +163,17 @@ class MetricsListener:
     def request_started(self, request_id: str) -> None:
         self.tracer.request_started(request_id)  # (called only while tracing: phase_events)
 
-    def request_finished(self, request_id: str) -> None:
+    def requests_finished(self, request_ids: list[str]) -> None:
         if self._exits or self._firsts:
-            self._settle()  # (its own exit and first answer among them, maybe)
-        self._think_ended_at.pop(request_id, None)
-        self._reasoning_from.pop(request_id, None)
+            self._settle()  # (their own exits and first answers among them, maybe)
+        think_ended_at, reasoning_from = self._think_ended_at, self._reasoning_from
+        if think_ended_at or reasoning_from:
+            for request_id in request_ids:
+                think_ended_at.pop(request_id, None)
+                reasoning_from.pop(request_id, None)
         if self.tracer.enabled:
-            self.tracer.request_finished(request_id)
+            for request_id in request_ids:
+                self.tracer.request_finished(request_id)
 
     def phase_event(self, request_id: str, event: PhaseEvent) -> None:
         self.tracer.phase_event(request_id, event)  # (called only while tracing: phase_events)
@@ -218,6 +222,8 @@ class Publisher:
             functools.partial(metrics.set_batch_size, Phase.OUTPUT),
             functools.partial(metrics.set_batch_size, Phase.THINK),
         )
+        # The KV blocks by phase last written (_publish_kv; None: nothing written yet).
+        self._published_kv: tuple[int, int] | None = None
         # (think, answer) tokens of each live request already on meridian_generated_tokens_total.
         self._tokens_counted: dict[str, tuple[int, int]] = {}
         # Per-step overhead samples not yet published, (seconds, 1) each.
@@ -294,8 +300,13 @@ class Publisher:
         (and prefilling) requests' under ``think``/``think_active``, answer streams' (prompt and
         reasoning included: the answer attends over them) under ``output``/``output_critical``;
         ``think_complete`` stays 0 inside vLLM.
-        Counted from computed tokens (a shared prefix block counts once per holder)."""
-        thinking, answering = self.policy.blocks_by_phase(running)
+        Counted from computed tokens (a shared prefix block counts once per holder); written
+        only when they changed since the last publish, as the gauges."""
+        blocks = self.policy.blocks_by_phase(running)
+        if blocks == self._published_kv:
+            return  # (an idle engine's zeros, mostly: written at the last idle publish)
+        self._published_kv = blocks
+        thinking, answering = blocks
         metrics, size = self.metrics, self.kv_block_bytes
         metrics.set_kv_blocks(Phase.THINK, thinking)
         metrics.set_kv_blocks(Phase.OUTPUT, answering)
