@@ -675,6 +675,30 @@ def test_a_new_output_budget_replans_the_next_step() -> None:
     assert policy.stats.num_deferred == 4
 
 
+def test_a_plan_never_keeps_the_engines_running_list_alive() -> None:
+    """An engine may replace its running list (vLLM does when several requests finish in a
+    step): once the step is scheduled, the policy holds nothing of the old list, so the list and
+    the finished requests in it are freed when the engine drops them."""
+    import gc
+    import weakref
+
+    class Running(list[Any]):
+        """A list a weak reference can follow."""
+
+    policy = make_policy()
+    reqs = Running(admitted(policy, f"t{i}", THINK_PROMPT) for i in range(3))
+    policy.plan(reqs, 1, 100)
+    plan = policy.plan(reqs, 2, 100)
+    assert plan.order is reqs and not plan.skip  # the kept order: the list itself
+    policy.on_step(num_rows=3, num_tokens=3)
+    gone = weakref.ref(reqs)
+    del reqs, plan
+    gc.collect()
+    assert gone() is None
+    replacement = [admitted(policy, f"u{i}", THINK_PROMPT) for i in range(2)]
+    assert sorted(ids(policy.plan(replacement, 3, 100).order)) == ["u0", "u1"]
+
+
 def test_output_budget_setting() -> None:
     assert output_budget_setting(0) is None  # 0: the whole batch, no deferral
     assert output_budget_setting(48) == 48

@@ -110,8 +110,9 @@ class Planner:
         # A request began to answer since the last plan, which kept the engine's order
         # (phase_changed): the batch sizes by phase are recorded anew.
         self._sizes_moved = False
-        # The last plan that kept the running list as it was, skipping nobody: returned again
-        # while it still says the same (no new object on most steps).
+        # The last plan that kept the running list as it was, skipping nobody: returned again,
+        # its order set to each step's running list and let go once the step is scheduled
+        # (scheduled), so it never keeps the engine's list alive.
         self._kept: Plan[Any] | None = None
 
     # -- what the policy tells it --------------------------------------------------------------
@@ -126,6 +127,15 @@ class Planner:
             self._sizes_moved = True
         else:
             self._dirty = True
+
+    def scheduled(self, num_rows: int, num_tokens: int) -> None:
+        """The engine scheduled the planned step: ``num_rows`` rows computing ``num_tokens``
+        tokens (the policy's ``on_step``). The output budget times it, and the plan, read by now,
+        lets go of the running list: an engine that replaces its list frees the requests that
+        finished with it then, on its own time, rather than at the next plan."""
+        if self._kept is not None:
+            self._kept.order = ()
+        self.output_budget.scheduled(num_rows, num_tokens)
 
     def budget_changed(self) -> None:
         """The output budget changed: the next step is planned anew."""
@@ -211,8 +221,10 @@ class Planner:
         if order is not running or skip:
             return Plan(order, skip, num_ranked)
         kept = self._kept
-        if kept is None or kept.order is not running or kept.num_ranked != num_ranked:
+        if kept is None or kept.num_ranked != num_ranked:
             kept = self._kept = Plan(running, (), num_ranked)
+        else:
+            kept.order = running
         return kept
 
     def _order_is_moot(self, running: Sequence[R], num_free_blocks: int, rescan: bool) -> bool:

@@ -339,7 +339,7 @@ class MeridianPolicy(TrackingPolicy):
             # What ``plan`` and ``on_step`` call, bound here: a method handing the call on would
             # add a Python call to every step (as ``observe``).
             self.plan = self.planner.plan  # type: ignore[method-assign]
-            self.on_step = self.budget.scheduled  # type: ignore[method-assign]
+            self.on_step = self.planner.scheduled  # type: ignore[method-assign]
 
     def _history(self, config: SchedulerConfig) -> int:
         return PACE_HISTORY_STEPS if config.answer_pace_ms else 0
@@ -400,9 +400,9 @@ class MeridianPolicy(TrackingPolicy):
         """A decode-only step (one token per row) is timed until the next ``plan``: its duration
         is what an answer stream waits between tokens, a sample of the output-budget fit
         (standing aside, no plan applies the budget: nothing is timed). (Unless standing aside,
-        ``_build`` binds the budget's method in its place.)"""
+        ``_build`` binds the planner's method in its place.)"""
         if not self.stands_aside:
-            self.budget.scheduled(num_rows, num_tokens)
+            self.planner.scheduled(num_rows, num_tokens)
 
     def on_idle(self) -> None:
         """The time until the next step is no step's time, and the last step's batch sizes are
