@@ -92,11 +92,13 @@ class Planner:
         self._idle = True
         # The lazy order's memory (module docstring): whether anything that matters changed since
         # the last order was set (dirty), whether that plan deferred requests, the running set it
-        # was made for, its ranked victims and the step its first re-admission guard expires.
+        # was made for (its ids, and the id of the request it ended with: an id, not the request,
+        # which the engine frees when it finishes), its ranked victims and the step its first
+        # re-admission guard expires.
         self._dirty = True
         self._deferring = False
         self._last_ids: frozenset[str] = frozenset()
-        self._last_tail: object = None
+        self._last_tail: str | None = None
         self._num_ranked = 0
         self._next_guard_expiry = _NO_GUARD
         # The running list is in the engine's own order, kept because no order could change
@@ -184,9 +186,9 @@ class Planner:
             # Engines append every request they admit and otherwise only remove, so a newcomer,
             # if any, is last: checking the tail avoids touching every request.
             # (The tail the last order was set with is still there: nobody came.)
-            tail = running[-1]
+            tail = running[-1].request_id
             newcomer = len(running) > len(self._last_ids) or (
-                tail is not self._last_tail and tail.request_id not in self._last_ids
+                tail is not self._last_tail and tail not in self._last_ids
             )
             changed = newcomer or self._dirty or self._deferring or step >= self._next_guard_expiry
             if not changed and self._moot_size == len(running) <= num_free_blocks:
@@ -274,7 +276,7 @@ class Planner:
         served everyone."""
         if newcomer or not self._moot:
             self._last_ids = frozenset(self._sync_queued(running, step))
-            self._last_tail = running[-1]
+            self._last_tail = running[-1].request_id
         self.queues.serve_all()
         self._moot = True
         self._dirty = False
@@ -339,6 +341,6 @@ class Planner:
         self._dirty = False
         self._deferring = bool(plan.deferred)
         self._last_ids = frozenset(by_id)
-        self._last_tail = order[-1]
+        self._last_tail = order[-1].request_id
         self.stats.num_reordered_steps += 1
         return order, skip
