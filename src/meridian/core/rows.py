@@ -67,17 +67,16 @@ class SteadyRows:
             return None
 
     def ending(self, flat: list[int], think_end: int) -> list[int]:
-        """Indices of the lazy rows whose token is ``think_end`` (C-level scans of ``flat``)."""
+        """Indices of the lazy rows whose token is ``think_end`` (C-level scans of ``flat``, as
+        many as it holds: no scan ends in an exception)."""
         found: list[int] = []
         i = -1
         states = self.states
-        while True:
-            try:
-                i = flat.index(think_end, i + 1)
-            except ValueError:
-                return found
+        for _ in range(flat.count(think_end)):
+            i = flat.index(think_end, i + 1)
             if states[i] is not None:
                 found.append(i)
+        return found
 
     def settle_row(self, i: int) -> None:
         """Bring lazy row ``i``'s counts up to date."""

@@ -245,11 +245,8 @@ def advance(st: RequestState, toks: Sequence[int]) -> Sequence[PhaseEvent]:
         st.marker_progress = 0
         st.phase = OUTPUT
         exit_event = ExitThink(st.request_id, st.num_think_tokens, st.forced is not None)
-        if events is None:
-            events = [exit_event]
-        else:
-            events.append(exit_event)
-        i = done
+        st.num_output_tokens += n - done
+        return (exit_event,) if events is None else (*events, exit_event)
     st.num_output_tokens += n - i
     return NO_EVENTS if events is None else tuple(events)
 

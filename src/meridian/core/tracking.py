@@ -62,6 +62,8 @@ __all__ = ["GAP_HISTORY_STEPS", "Tracker", "UntrackedRequestsError"]
 # longer than that is counted in steps, not timed).
 GAP_HISTORY_STEPS = 4096
 _NO_STREAMS: frozenset[str] = frozenset()
+# (A module constant: Python 3.11's enum metaclass makes ForceReason.HARD_CAP a slow look-up.)
+_HARD_CAP = ForceReason.HARD_CAP
 
 
 class UntrackedRequestsError(KeyError):
@@ -398,13 +400,11 @@ class Tracker:
             == max(cap, st.num_prompt_think_tokens) + self.transition_len
         )
         if forced:
-            stats.num_forced_inferred[ForceReason.HARD_CAP] += 1
+            stats.num_forced_inferred[_HARD_CAP] += 1
         listener = self.listener
         if listener is not None:
             if forced and listener.phase_events:
-                listener.phase_event(
-                    st.request_id, ForceBudget(st.request_id, ForceReason.HARD_CAP)
-                )
+                listener.phase_event(st.request_id, ForceBudget(st.request_id, _HARD_CAP))
             listener.think_ended(st.request_id, event.think_tokens, forced)
 
     # -- the bulk way ---------------------------------------------------------------------------
@@ -440,8 +440,10 @@ class Tracker:
         firsts = (
             [
                 st
-                for st in map(states.get, [ids[i] for i in rows.special])
-                if st is not None and st.phase is OUTPUT and st.request_id not in answered
+                for i in rows.special
+                if (st := states.get(ids[i])) is not None
+                and st.phase is OUTPUT
+                and st.request_id not in answered
             ]
             if rows.special
             else []  # (a think exit's step: no comprehension to enter)
