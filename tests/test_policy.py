@@ -478,6 +478,32 @@ def test_a_listener_without_phase_events_hears_the_rest() -> None:
     assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
 
 
+def test_requests_finishing_together_leave_in_one_batch_even_if_a_length_fails() -> None:
+    """A batch of finished requests leaves the table, the queues and the listener at once; an
+    error while the policy learns their lengths is raised, and still every one of them is
+    untracked and the listener hears their end."""
+    listener = Recording()
+    policy = make_policy(listener=listener)
+    running = [admitted(policy, f"r{i}", THINK_PROMPT) for i in range(3)]
+    policy.plan(running, 1, 100)
+    assert policy.queues.num_think_queued == 3
+
+    def failing(st: Any, num_output_tokens: int) -> None:
+        raise RuntimeError("length model failed")
+
+    policy.admission.finished = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="length model failed"):
+        policy.untrack_many([("r0", 5), ("r1", 5), ("never", 5), ("r2", None)])
+    assert policy.num_tracked == 0
+    assert policy.queues.num_think_queued == policy.queues.num_output_queued == 0
+    assert [entry for entry in listener.log if entry[0] == "finish"] == [
+        ("finish", "r0"),
+        ("finish", "r1"),
+        ("finish", "r2"),
+    ]
+    policy.check_integrity()
+
+
 def test_reasoning_starts_at_a_generated_think_start_and_tokens_split_by_phase() -> None:
     listener = Recording()
     policy = make_policy(listener=listener)

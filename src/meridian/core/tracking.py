@@ -168,10 +168,13 @@ class Tracker:
                 gone.append((st, num_output_tokens))
         if not gone:
             return
-        on_untracked(gone)
-        # The listener last: if it fails, the requests are untracked all the same.
-        if self.listener is not None:
-            self.listener.requests_finished([st.request_id for st, _ in gone])
+        try:
+            on_untracked(gone)
+        finally:
+            # The listener last, and told even if on_untracked failed: if it fails, the requests
+            # are untracked all the same.
+            if self.listener is not None:
+                self.listener.requests_finished([st.request_id for st, _ in gone])
 
     def state(self, request_id: str) -> RequestState:
         """A tracked request's live state, its counts up to date."""
