@@ -372,8 +372,12 @@ def test_the_adapters_kv_gauges_follow_the_running_requests_across_publishes() -
 
     def running(think_tokens: int, answer_tokens: int) -> list[SimpleNamespace]:
         return [
-            SimpleNamespace(request_id="think", num_computed_tokens=think_tokens),
-            SimpleNamespace(request_id="answer", num_computed_tokens=answer_tokens),
+            SimpleNamespace(
+                request_id="think", num_computed_tokens=think_tokens, num_output_tokens=0
+            ),
+            SimpleNamespace(
+                request_id="answer", num_computed_tokens=answer_tokens, num_output_tokens=0
+            ),
         ]
 
     def kv() -> tuple[float | None, ...]:

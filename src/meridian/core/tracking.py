@@ -46,13 +46,13 @@ from meridian.core.state import (
     thinks_on,
 )
 from meridian.core.types import (
+    HARD_CAP,
     OUTPUT,
     PREFILL,
     THINK,
     EnterThink,
     ExitThink,
     ForceBudget,
-    ForceReason,
     PhaseEvent,
 )
 
@@ -62,8 +62,6 @@ __all__ = ["GAP_HISTORY_STEPS", "Tracker", "UntrackedRequestsError"]
 # longer than that is counted in steps, not timed).
 GAP_HISTORY_STEPS = 4096
 _NO_STREAMS: frozenset[str] = frozenset()
-# (A module constant: Python 3.11's enum metaclass makes ForceReason.HARD_CAP a slow look-up.)
-_HARD_CAP = ForceReason.HARD_CAP
 
 
 class UntrackedRequestsError(KeyError):
@@ -403,11 +401,11 @@ class Tracker:
             == max(cap, st.num_prompt_think_tokens) + self.transition_len
         )
         if forced:
-            stats.num_forced_inferred[_HARD_CAP] += 1
+            stats.num_forced_inferred[HARD_CAP] += 1
         listener = self.listener
         if listener is not None:
             if forced and listener.phase_events:
-                listener.phase_event(st.request_id, ForceBudget(st.request_id, _HARD_CAP))
+                listener.phase_event(st.request_id, ForceBudget(st.request_id, HARD_CAP))
             listener.think_ended(st.request_id, event.think_tokens, forced)
 
     # -- the bulk way ---------------------------------------------------------------------------

@@ -65,6 +65,10 @@ class ForceReason(enum.Enum):
     __hash__ = object.__hash__
 
 
+# A module constant for the per-request paths, as the phases above.
+HARD_CAP = ForceReason.HARD_CAP
+
+
 @dataclass(frozen=True, slots=True)
 class EnterThink:
     """The request entered its think phase (from the prompt tail or a generated ``<think>``)."""

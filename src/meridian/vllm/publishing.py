@@ -221,9 +221,11 @@ class Publisher:
             functools.partial(metrics.set_queue_depth, Phase.THINK),
             functools.partial(metrics.set_batch_size, Phase.OUTPUT),
             functools.partial(metrics.set_batch_size, Phase.THINK),
+            functools.partial(metrics.set_kv_blocks, Phase.THINK),
+            functools.partial(metrics.set_kv_blocks, Phase.OUTPUT),
+            functools.partial(metrics.set_kv_used_bytes, Tier.THINK_ACTIVE),
+            functools.partial(metrics.set_kv_used_bytes, Tier.OUTPUT_CRITICAL),
         )
-        # The KV blocks by phase last written (_publish_kv; None: nothing written yet).
-        self._published_kv: tuple[int, int] | None = None
         # (think, answer) tokens of each live request already on meridian_generated_tokens_total.
         self._tokens_counted: dict[str, tuple[int, int]] = {}
         # Per-step overhead samples not yet published, (seconds, 1) each.
@@ -276,7 +278,6 @@ class Publisher:
             with self.fail_open("stat_logger", timed=self.stats):
                 metrics = self.metrics
                 metrics.observe_counted(cat.SCHEDULE_OVERHEAD, samples)
-                self._publish_kv(running)
                 self.count_tokens(running)
                 think, answer = self._uncounted
                 if think:
@@ -290,28 +291,10 @@ class Publisher:
                     metrics.count_draft_tokens(Phase.OUTPUT, drafts[2], drafts[3])
                     self._drafts = [0, 0, 0, 0]
                 self.listener.publish()
-                self.publish_gauges()
+                self.publish_gauges(running)
                 if self.on_publish is not None:
                     self.on_publish()
             samples.clear()
-
-    def _publish_kv(self, running: Sequence[Any]) -> None:
-        """KV the running requests hold, in blocks by phase and in bytes by tier: thinking
-        (and prefilling) requests' under ``think``/``think_active``, answer streams' (prompt and
-        reasoning included: the answer attends over them) under ``output``/``output_critical``;
-        ``think_complete`` stays 0 inside vLLM.
-        Counted from computed tokens (a shared prefix block counts once per holder); written
-        only when they changed since the last publish, as the gauges."""
-        blocks = self.policy.blocks_by_phase(running)
-        if blocks == self._published_kv:
-            return  # (an idle engine's zeros, mostly: written at the last idle publish)
-        self._published_kv = blocks
-        thinking, answering = blocks
-        metrics, size = self.metrics, self.kv_block_bytes
-        metrics.set_kv_blocks(Phase.THINK, thinking)
-        metrics.set_kv_blocks(Phase.OUTPUT, answering)
-        metrics.set_kv_used_bytes(Tier.THINK_ACTIVE, thinking * size)
-        metrics.set_kv_used_bytes(Tier.OUTPUT_CRITICAL, answering * size)
 
     def count_tokens(self, requests: Iterable[Any], done: bool = False) -> None:
         """Add what ``requests`` generated since each was last counted to the tokens by phase
@@ -336,15 +319,31 @@ class Publisher:
                 counted[rid] = tokens
         self._uncounted = (new_think, new_answer)
 
-    def publish_gauges(self) -> None:
-        """Tracked requests, queue depths and batch sizes by phase, those that changed.
+    def publish_gauges(self, running: Sequence[Any]) -> None:
+        """Tracked requests, queue depths and batch sizes by phase, and the KV the ``running``
+        requests hold, those that changed.
+
+        The KV in blocks by phase and in bytes by tier: thinking (and prefilling) requests'
+        under ``think``/``think_active``, answer streams' (prompt and reasoning included: the
+        answer attends over them) under ``output``/``output_critical``; ``think_complete`` stays
+        0 inside vLLM. Counted from computed tokens (a shared prefix block counts once per
+        holder).
 
         Checked with each batch of overhead samples (at most every ``PUBLISH_INTERVAL_S``) and
         when the engine idles: a scrape sees them about that late, as the histograms.
         """
         policy = self.policy
         with self.fail_open("stat_logger"):
-            values = (policy.num_tracked, *policy.queue_gauges())
+            thinking, answering = policy.blocks_by_phase(running)
+            size = self.kv_block_bytes
+            values = (
+                policy.num_tracked,
+                *policy.queue_gauges(),
+                thinking,
+                answering,
+                thinking * size,
+                answering * size,
+            )
             if values == self._published_gauges:
                 return
             # Only the gauges whose value changed (all of them the first time).
