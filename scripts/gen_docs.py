@@ -37,7 +37,13 @@ from pydantic_core import PydanticUndefined
 from meridian.config.boundaries import BUNDLED_MODELS, ModelDefinition
 from meridian.config.loading import REMOVED_FIELDS
 from meridian.config.schema import MeridianConfig
-from meridian.telemetry.catalogue import CATALOGUE, MetricKind, MetricSpec, label_values
+from meridian.telemetry.catalogue import (
+    CATALOGUE,
+    CLUSTER_CATALOGUE,
+    MetricKind,
+    MetricSpec,
+    label_values,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DOCS_DIR = REPO_ROOT / "docs"
@@ -493,7 +499,7 @@ def _labels_line(spec: MetricSpec) -> str:
     return "; ".join(parts)
 
 
-def render_metrics(catalogue: Sequence[MetricSpec] = CATALOGUE) -> str:
+def render_metrics(catalogue: Sequence[MetricSpec] = (*CATALOGUE, *CLUSTER_CATALOGUE)) -> str:
     """The metric catalogue page."""
     names = [spec.name for spec in catalogue]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -509,7 +515,11 @@ def render_metrics(catalogue: Sequence[MetricSpec] = CATALOGUE) -> str:
         "reports through the same catalogue. Names follow "
         "[ADR-0009](../adr/0009-metrics-naming.md): a `meridian_` prefix, base units (seconds, "
         "bytes) in the name, `_total` on counters. Every label value is initialised at start-up, "
-        "so each series exists (at 0) before the first event.",
+        "so each series exists (at 0) before the first event. "
+        + ", ".join(f"`{spec.name}`" for spec in CLUSTER_CATALOGUE)
+        + " are the cluster front door's own (`meridian serve-cluster`, "
+        "[cluster page](../cluster.md#one-scrape-target)); its `/metrics` carries every "
+        "replica's series beside them, labelled `replica`.",
         "",
         f"{len(catalogue)} metrics.",
         "",

@@ -233,7 +233,7 @@ def test_runbooks_and_pages_name_only_catalogue_metrics() -> None:
         "meridian.telemetry.catalogue", reason="the metric catalogue is not built yet"
     )
     known: set[str] = set()
-    for spec in catalogue.CATALOGUE:
+    for spec in (*catalogue.CATALOGUE, *catalogue.CLUSTER_CATALOGUE):
         known.add(spec.name)
         if spec.kind.value == "histogram":
             known |= {f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count"}

@@ -401,3 +401,46 @@ def test_a_request_moved_elsewhere_counts_for_the_replica_that_got_it() -> None:
     policy.routed("b", "r", request, now=1.0)
     policy.completed("r")
     assert policy.rank(["b", "a"], request, now=2.0) == ["a", "b"]  # one each: by name
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(replicas, min_size=2, max_size=6),
+    requests,
+    st.sets(st.integers(0, 5), min_size=1),
+    st.floats(0.0, 100.0),
+)
+def test_a_failed_replica_gets_nothing_until_it_answers_again(
+    views: list[Any], request: NewRequest, failing: set[int], waited: float
+) -> None:
+    """Out of rotation from its failure on; only a sign of life after the failure puts it back.
+    When every replica has failed, a request is held up to max_hold_s, then ranked anyway."""
+    policy, names = build(views)
+    down = {names[i] for i in failing if i < len(names)}
+    for name in down:
+        policy.failed(name, now=10.0)
+        policy.answered(name, at=9.0)  # seen working before it failed: still out
+    ranked = policy.rank(names, request, now=11.0, waited_s=waited)
+    if down != set(names):
+        assert not down & set(ranked)
+    elif waited < policy.config.max_hold_s:
+        assert ranked == []
+    else:
+        assert sorted(ranked) == sorted(names)
+    for name in down:
+        policy.answered(name, at=10.5)
+    assert policy.rank(names, request, now=11.0, waited_s=1e9) == sorted(
+        names, key=lambda n: (policy._key(n, request, 11.0), n)
+    )
+
+
+def test_when_every_replica_failed_a_request_waits_then_goes_anyway() -> None:
+    policy = RoutingPolicy(RoutingConfig(max_hold_s=5.0))
+    request = NewRequest(Phase.THINK, 100)
+    for name in ("a", "b"):
+        policy.observe(name, None)
+        policy.failed(name, now=1.0)
+    assert policy.rank(["a", "b"], request, now=2.0, waited_s=1.0) == []
+    assert policy.rank(["a", "b"], request, now=7.0, waited_s=6.0) == ["a", "b"]
+    policy.answered("b", at=3.0)
+    assert policy.rank(["a", "b"], request, now=7.0, waited_s=0.0) == ["b"]

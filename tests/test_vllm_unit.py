@@ -85,7 +85,7 @@ async def _through_knob_check(
 ) -> tuple[list[bytes], list[dict[str, Any]]]:
     """One request through the middleware: the body chunks the app behind it read, and the
     messages the middleware itself sent (its 400)."""
-    from meridian.vllm.http import KnobCheck
+    from meridian.vllm.http import FrontDoor
 
     seen: list[bytes] = []
     sent: list[dict[str, Any]] = []
@@ -110,7 +110,7 @@ async def _through_knob_check(
 
     headers = [] if content_type is None else [(b"content-type", content_type.encode())]
     scope = {"type": "http", "method": method, "path": path, "headers": headers}
-    await KnobCheck(app)(scope, receive, send)
+    await FrontDoor(app)(scope, receive, send)
     return seen, sent
 
 
@@ -183,6 +183,77 @@ def test_the_http_middleware_reads_vllm_xargs_in_a_form() -> None:
             _through_knob_check("/v1/audio/transcriptions", [body], content_type=content_type)
         )
         assert seen == [body] and sent == [], content_type
+
+
+def test_a_server_error_reaches_the_client_as_a_short_body_and_the_log_keeps_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a 5xx carried (here a traceback with a path and an address) stays in the server
+    log under the request id the client is told; a 4xx passes as the server wrote it."""
+    import asyncio
+    import json
+
+    from meridian.vllm.http import FrontDoor
+
+    leak = b'{"message": "Traceback ... File \\"/srv/x.py\\", 10.1.2.3 pid=7"}'
+
+    def app_answering(status: int, body: bytes) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": body[:10], "more_body": True})
+            await send({"type": "http.response.body", "body": body[10:]})
+
+        return app
+
+    def run(status: int, body: bytes) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"{}"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        headers = [(b"x-request-id", b"req-42")]
+        scope = {"type": "http", "method": "GET", "path": "/", "headers": headers}
+        asyncio.run(FrontDoor(app_answering(status, body))(scope, receive, send))
+        return sent
+
+    with caplog.at_level("ERROR", logger="meridian.vllm.http"):
+        sent = run(500, leak)
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 500
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == 500 and error["type"] == "InternalServerError"
+    assert "req-42" in error["message"] and "Traceback" not in sent[1]["body"].decode()
+    assert "req-42" in caplog.text and "/srv/x.py" in caplog.text
+    passed = run(404, b'{"error": {"message": "no such model"}}')
+    assert (
+        b"".join(m.get("body", b"") for m in passed) == b'{"error": {"message": "no such model"}}'
+    )
+
+
+def test_one_validator_judges_knobs_as_sent_and_what_this_server_cannot_honour() -> None:
+    from meridian.vllm.http import check_knobs
+
+    assert check_knobs({"meridian_forcing": True}) is None  # a bool, as documented
+    assert check_knobs({"meridian_max_think_tokens": 1.5}) == (
+        "vllm_xargs.meridian_max_think_tokens must be a positive integer; got 1.5"
+    )
+    off = "speculative decoding"
+    for asks in (
+        {"meridian_max_think_tokens": 8},
+        {"meridian_forcing": "on"},
+        {"meridian_signals": "all"},
+    ):
+        error = check_knobs(asks, forcing_off=off)
+        assert error is not None and error.endswith(
+            "forcing is off in this server (speculative decoding)"
+        )
+    for honoured in ({"meridian_forcing": "off"}, {"meridian_signals": "none"}, {"other": 1}):
+        assert check_knobs(honoured, forcing_off=off) is None
+    # A bad knob is named as bad first, whatever the server can do.
+    assert "positive integer" in str(check_knobs({"meridian_max_think_tokens": 0}, forcing_off=off))
 
 
 def test_a_body_the_check_cannot_read_goes_to_vllm_untouched() -> None:
@@ -515,7 +586,7 @@ def test_serve_argv_wires_meridian_in(tmp_path: Any) -> None:
     assert argv[argv.index("--scheduler-cls") + 1] == SCHEDULER_CLS
     assert argv[argv.index("--logits-processors") + 1] == LOGITS_PROCESSOR
     assert argv[argv.index("--reasoning-parser") + 1] == "qwen3"
-    assert argv[argv.index("--middleware") + 1] == "meridian.vllm.http.KnobCheck"
+    assert argv[argv.index("--middleware") + 1] == "meridian.vllm.http.FrontDoor"
     assert argv[-5:] == ["--port", "8123", "--max-model-len", "4096", "--no-async-scheduling"]
     assert cmd.env["MERIDIAN_MODEL"] == "qwen3"
     assert cmd.env["MERIDIAN_CONFIG"].endswith("meridian.toml")
@@ -551,6 +622,9 @@ def test_serve_argv_follows_vllms_resolution_and_the_users_parser() -> None:
     quiet = build_serve_argv("Qwen/Qwen3-8B", args, engine=spec)
     assert "--logits-processors" not in quiet.argv
     assert len(quiet.notes) == 1 and "forcing and the hard think cap are off" in quiet.notes[0]
+    # ... and the front door refuses knobs that ask for forcing (MERIDIAN_FORCING_OFF says why).
+    assert quiet.env["MERIDIAN_FORCING_OFF"] == quiet.notes[0]
+    assert "MERIDIAN_FORCING_OFF" not in cmd.env
 
 
 def test_gpt_oss_names_pick_the_harmony_family() -> None:

@@ -129,6 +129,28 @@ def test_bad_knob_is_a_400_and_the_server_keeps_serving(server: str, tiny_model:
     assert ok["reasoning"]
 
 
+def test_bad_knobs_get_the_tables_400s(server: str, tiny_model: Path) -> None:
+    """The same table, the same 400s as the cluster's front door (test_ray_cluster.py)."""
+    from knob_table import check_front_door
+
+    check_front_door(server, str(tiny_model), forcing=True)
+
+
+def test_under_speculative_decoding_a_knob_that_needs_forcing_is_refused(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """vLLM's V1 runner takes no logits processor under speculative decoding: forcing is off
+    for every request, and a knob that asks for it is a 400 saying so, not ignored; bad knobs
+    are the table's 400s as everywhere."""
+    from knob_table import check_front_door
+    from test_vllm_speculative import NGRAM
+
+    with meridian_server(
+        tiny_model, tmp_path, "", ["--speculative-config", json.dumps(NGRAM)]
+    ) as url:
+        check_front_door(url, str(tiny_model), forcing=False)
+
+
 def test_knobs_over_http_behave_as_documented(server: str, tiny_model: Path) -> None:
     """JSON booleans in vllm_xargs: vLLM types them as numbers; Meridian keeps the docs true."""
 

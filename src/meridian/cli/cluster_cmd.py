@@ -1,25 +1,32 @@
-"""``meridian serve-cluster MODEL --replicas N``: several vLLM replicas with Meridian inside each
-and Meridian's router in front, on Ray Serve LLM (:mod:`meridian.ray.app`).
+"""``meridian serve-cluster MODEL --replicas N``: several vLLM replicas with Meridian inside each,
+Meridian's router in front, behind Meridian's front door (:mod:`meridian.ray.app`).
 
-Starts a local Ray instance (or joins ``--address``), runs the application with Ray Serve's HTTP
+Starts Ray once (a local instance with every socket on 127.0.0.1; or, with ``--address``, none:
+the application goes onto the Ray cluster given), runs the application with Ray Serve's HTTP
 proxy on ``--host``/``--port`` (127.0.0.1:8000 unless told otherwise), prints the OpenAI base URL
-and each replica's ``meridian_*`` metrics address as they come up, and serves until interrupted.
+and the one metrics address, and serves until interrupted (Ctrl-C or SIGTERM), then stops what it
+started: the whole local Ray, or only its application on a cluster it joined.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from meridian.core.routing import DEFAULT_MAX_HOLD_S, DEFAULT_STATS_MAX_AGE_S, RoutingConfig
 from meridian.errors import MeridianError
 
-# How long to wait for every replica's metrics address before saying where to look.
-_STARTUP_REPORT_S = 900.0
+#: Ray's logical CPUs one vLLM replica takes (its actor and its engine's bundle, as Ray Serve
+#: LLM places them): a local Ray gets at least this many per replica.
+CPUS_PER_REPLICA = 2
 
 
 def register(commands: Any) -> None:
@@ -47,12 +54,6 @@ def register(commands: Any) -> None:
         help="vLLM engine arguments as JSON, e.g. '{\"max_model_len\": 32768}'",
     )
     parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=0,
-        help="replica r serves its meridian_* metrics on this port + r (0: free ports; 0)",
-    )
-    parser.add_argument(
         "--stats-period-s",
         type=float,
         default=1.0,
@@ -70,9 +71,22 @@ def register(commands: Any) -> None:
         default=DEFAULT_MAX_HOLD_S,
         help="a request held this long at the router is placed anyway (30)",
     )
-    parser.add_argument("--address", help="an existing Ray cluster (default: start a local one)")
     parser.add_argument(
-        "--num-cpus", type=int, help="logical CPUs of a local Ray instance (default: Ray's)"
+        "--address",
+        help="an existing Ray cluster to deploy onto, e.g. 10.0.0.1:6379 (default: start a "
+        "local one on 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--num-cpus",
+        type=int,
+        help="logical CPUs of the local Ray instance (Ray's bookkeeping, not cores; default: the "
+        f"machine's, and at least {CPUS_PER_REPLICA} a replica)",
+    )
+    parser.add_argument(
+        "--router",
+        choices=("meridian", "pow2"),
+        default="meridian",
+        help="the request router: Meridian's, or Ray Serve's default (for comparisons; meridian)",
     )
     parser.add_argument(
         "--cluster-dir", type=Path, help="where replicas keep their stats and metrics files"
@@ -81,11 +95,17 @@ def register(commands: Any) -> None:
 
 
 def run_serve_cluster(args: argparse.Namespace) -> int:
-    """Start the cluster and serve until interrupted."""
+    """Start the cluster and serve until interrupted (module docstring)."""
     if args.replicas < 1:
         raise MeridianError(f"--replicas must be >= 1; got {args.replicas}")
     if not args.host.strip():
         raise MeridianError("--host is empty; leave it out for 127.0.0.1")
+    if not 0 < args.port < 65536:
+        raise MeridianError(f"--port must be in 1..65535; got {args.port}")
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise MeridianError(f"--num-cpus must be >= 1; got {args.num_cpus}")
+    if args.address is not None and args.num_cpus is not None:
+        raise MeridianError("--num-cpus sizes a local Ray instance; with --address, leave it out")
     try:
         engine_kwargs = json.loads(args.engine_kwargs)
     except json.JSONDecodeError as exc:
@@ -93,50 +113,77 @@ def run_serve_cluster(args: argparse.Namespace) -> int:
     if not isinstance(engine_kwargs, dict):
         raise MeridianError("--engine-kwargs must be a JSON object")
     routing = RoutingConfig(args.stats_max_age_s, args.max_hold_s)
+    from meridian.ray import app as ray_app
+
+    where = f"the Ray cluster at {args.address}" if args.address else "a local Ray (127.0.0.1)"
+    print(f"meridian serve-cluster: starting {where}", flush=True)
+    num_cpus = args.num_cpus
+    if args.address is None and num_cpus is None:
+        num_cpus = max(os.cpu_count() or 1, CPUS_PER_REPLICA * args.replicas)
     try:
-        from meridian.ray.app import cluster_app, start_serve
+        ray_app.start_ray(address=args.address, num_cpus=num_cpus)
     except ImportError:
         raise MeridianError(
             "serve-cluster needs Ray Serve in this environment: run `make vllm-venv` (it "
             "installs ray[serve] as requirements-vllm.lock pins it), then use .venv-vllm/bin/"
             "meridian serve-cluster"
         ) from None
-
-    cluster_dir = args.cluster_dir or Path(tempfile.mkdtemp(prefix="meridian-cluster-"))
-    app = cluster_app(
-        args.model,
-        num_replicas=args.replicas,
-        model_family=args.model_family,
-        config=args.config,
-        engine_kwargs=engine_kwargs,
-        cluster_dir=cluster_dir,
-        metrics_host=args.host,
-        metrics_port=args.metrics_port,
-        stats_period_s=args.stats_period_s,
-        routing=routing,
-        model_id=args.model_id,
-    )
-    serve = start_serve(args.host, args.port, address=args.address, num_cpus=args.num_cpus)
-    print(f"meridian serve-cluster: starting {args.replicas} replicas (files in {cluster_dir})")
-    serve.run(app, blocking=False)
-    print(f"meridian serve-cluster: OpenAI API at http://{args.host}:{args.port}/v1", flush=True)
-    _report_metrics(cluster_dir, args.replicas)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise MeridianError(f"cannot start or reach Ray ({where}): {exc}") from None
+    # After Ray's start, which installs its own handler: SIGTERM stops as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        while True:
-            time.sleep(3600)
+        ray_app.start_http(args.host, args.port)
+        cluster_dir = args.cluster_dir or Path(tempfile.mkdtemp(prefix="meridian-cluster-"))
+        app = ray_app.cluster_app(
+            args.model,
+            num_replicas=args.replicas,
+            model_family=args.model_family,
+            config=args.config,
+            engine_kwargs=engine_kwargs,
+            cluster_dir=cluster_dir,
+            stats_period_s=args.stats_period_s,
+            routing=routing,
+            model_id=args.model_id,
+            router=args.router,
+        )
+        print(
+            f"meridian serve-cluster: starting {args.replicas} replicas of {args.model} "
+            f"(files in {cluster_dir}); each loads its engine, a minute or more on CPUs",
+            flush=True,
+        )
+        reporter = threading.Thread(target=_report_progress, args=(ray_app,), daemon=True)
+        reporter.start()
+        ray_app.deploy(app)
+        base = f"http://{args.host}:{args.port}"
+        print(f"meridian serve-cluster: OpenAI API at {base}/v1", flush=True)
+        print(f"meridian serve-cluster: metrics of every replica at {base}/metrics", flush=True)
+        threading.Event().wait()
     except KeyboardInterrupt:
-        serve.shutdown()
+        pass
+    finally:
+        print("meridian serve-cluster: stopping", flush=True)
+        ray_app.stop(joined=args.address is not None)
     return 0
 
 
-def _report_metrics(cluster_dir: Path, replicas: int) -> None:
-    """Print each replica's metrics address once it is written."""
-    shown: set[Path] = set()
-    deadline = time.monotonic() + _STARTUP_REPORT_S
-    while len(shown) < replicas and time.monotonic() < deadline:
-        for path in sorted(cluster_dir.glob("replica-*/metrics_url")):
-            if path not in shown:
-                shown.add(path)
-                url = path.read_text(encoding="utf-8")
-                print(f"meridian serve-cluster: {path.parent.name} metrics at {url}", flush=True)
-        time.sleep(1.0)
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def _report_progress(ray_app: Any, period_s: float = 15.0) -> None:
+    """While the application starts, print what Ray Serve says of each deployment that is not
+    running yet, when it changes (a replica waiting for resources says which)."""
+    said: dict[str, str] = {}
+    while True:
+        time.sleep(period_s)
+        try:
+            lines = ray_app.starting_deployments()
+        except Exception:  # Serve shutting down
+            return
+        if lines is None:
+            return
+        for name, line in lines.items():
+            if said.get(name) != line:
+                said[name] = line
+                print(f"meridian serve-cluster: {name}: {line}", flush=True)

@@ -34,6 +34,13 @@ finished requests, or whose admission does not use it), missing stats and stats 
 with those that fit, by this router's requests in flight on it, and never holds a request.
 Holding on information that cannot be trusted could hold forever.
 
+Failed replicas. A driver that sees a replica fail a request (its engine dead, a connection lost,
+a server error) reports it (:meth:`RoutingPolicy.failed`): from then on the replica gets no new
+request until the driver reports that it answers again (:meth:`RoutingPolicy.answered`, with a
+time after the failure). A replica that fails fast looks the least loaded to every rule above,
+so without this it would draw the traffic. When every replica has failed, a request is held as
+when none fits.
+
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
 (:meth:`~meridian.core.format.ReasoningFormat.initial_phase`): ``Phase.OUTPUT`` is a chat request,
 ``THINK`` and ``PREFILL`` (the model may open a think block itself) are reasoning.
@@ -296,6 +303,8 @@ class _Replica:
     # replica that got fewest (at light load every replica is idle between requests; by name
     # alone, the first got them all).
     num_routed: int = 0
+    # When the driver last saw it fail a request (None: it answers).
+    failed_at: float | None = None
 
 
 def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
@@ -373,6 +382,25 @@ class RoutingPolicy:
             for request_id in gone.in_flight:
                 self._placed_on.pop(request_id, None)
 
+    def failed(self, replica: str, now: float) -> None:
+        """A request on ``replica`` failed at ``now``: no new request goes there until it
+        :meth:`answered` after ``now`` (module docstring)."""
+        target = self._replica(replica)
+        if target.failed_at is None or now > target.failed_at:
+            target.failed_at = now
+
+    def answered(self, replica: str, at: float) -> None:
+        """``replica`` was seen working at ``at`` (a health check, a request that succeeded):
+        back in rotation if that is after its last failure."""
+        target = self._replicas.get(replica)
+        if target is not None and target.failed_at is not None and at > target.failed_at:
+            target.failed_at = None
+
+    def is_failed(self, replica: str) -> bool:
+        """Whether ``replica`` is out of rotation (it failed and has not answered since)."""
+        found = self._replicas.get(replica)
+        return found is not None and found.failed_at is not None
+
     def placed_on(self, request_id: str) -> str | None:
         """The replica ``request_id`` was sent to (``None``: none, or it completed)."""
         return self._placed_on.get(request_id)
@@ -393,8 +421,16 @@ class RoutingPolicy:
     ) -> list[str]:
         """``candidates`` best first, or ``[]`` to hold ``request`` (no replica has headroom for
         it and it has waited less than ``max_hold_s``: ``waited_s`` since it reached the
-        router). A permutation of ``candidates`` otherwise (duplicates are ranked once)."""
-        keyed = sorted((self._key(name, request, now), name) for name in set(candidates))
+        router). Replicas out of rotation (:meth:`failed`) are left out while any other is a
+        candidate; when all are, ``request`` is held as when none fits. Otherwise a permutation
+        of ``candidates`` (duplicates are ranked once)."""
+        names = set(candidates)
+        working = {name for name in names if not self.is_failed(name)}
+        if working:
+            names = working
+        elif waited_s < self.config.max_hold_s:
+            return []
+        keyed = sorted((self._key(name, request, now), name) for name in names)
         if keyed and keyed[0][0][0] == _FULL and waited_s < self.config.max_hold_s:
             return []
         return [name for _, name in keyed]

@@ -1,25 +1,33 @@
 # mypy: disable-error-code="import-not-found,import-untyped,no-any-unimported,misc"
 """The Ray Serve LLM application ``meridian serve-cluster`` starts: N replicas of one model with
-Meridian's scheduler and logits processor inside each and Meridian's router in front.
+Meridian's scheduler and logits processor inside each, Meridian's router in front of them and
+Meridian's front door (:mod:`meridian.ray.ingress`) as the ingress.
 
 The same from Python (a recipe; ``serve.run`` it on a Ray cluster)::
 
     from meridian.ray.app import cluster_app
     app = cluster_app("Qwen/Qwen3-8B", num_replicas=4, engine_kwargs={"max_model_len": 32768})
 
-It is Ray Serve LLM's own ``build_openai_app`` over an ``LLMConfig`` whose ``server_cls`` is
-:class:`~meridian.ray.server.MeridianLLMServer` and whose deployment routes with
-:class:`~meridian.ray.router.MeridianRouter`, polling replicas every ``stats_period_s``
-(Serve's default is 10 s; ADR-0016 uses 1 s). The engine arguments get what ``meridian serve``
-adds (:mod:`meridian.vllm.serve`): the scheduler class and logits processor of vLLM's own
-resolution of them (asynchronous scheduling or not, V1 or V2 runner) and the family's
-reasoning parser; the family and config file reach the engines through ``runtime_env``. One
-ingress replica: one router sees every request (ADR-0016 says what several would miss).
+It is Ray Serve LLM's own deployment of an ``LLMConfig`` (``build_llm_deployment``) whose
+``server_cls`` is :class:`~meridian.ray.server.MeridianLLMServer` and whose deployment routes
+with :class:`~meridian.ray.router.MeridianRouter` (or Ray Serve's default router, ``router=
+"pow2"``, for comparisons), polling replicas every ``stats_period_s`` (Serve's default is 10 s;
+ADR-0016 uses 1 s), behind one :class:`~meridian.ray.ingress.MeridianIngress` replica: one
+router sees every request (ADR-0016 says what several would miss). The engine arguments get what
+``meridian serve`` adds (:mod:`meridian.vllm.serve`): the scheduler class and logits processor
+of vLLM's own resolution of them (asynchronous scheduling or not, V1 or V2 runner) and the
+family's reasoning parser; the family and config file reach the engines through
+``runtime_env``.
+
+:func:`start_ray` starts the Ray this runs on: a local instance with every socket on loopback,
+or the cluster at ``--address``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,15 +36,33 @@ from meridian.config import load_config
 from meridian.core.routing import RoutingConfig
 from meridian.errors import ConfigError
 from meridian.ray import ROUTER_CLS, SERVER_CLS
-from meridian.ray.server import ENV_CLUSTER_DIR, ENV_METRICS_HOST, ENV_METRICS_PORT
-from meridian.vllm.resolve import resolve_engine
-from meridian.vllm.runtime import ENV_CONFIG, ENV_MODEL, GENERIC_NAME
-from meridian.vllm.serve import resolve_family
 
-__all__ = ["DEFAULT_STATS_PERIOD_S", "cluster_app", "engine_flags", "start_serve"]
+__all__ = [
+    "APP_NAME",
+    "DEFAULT_STATS_PERIOD_S",
+    "LOOPBACK_ENV",
+    "ROUTERS",
+    "cluster_app",
+    "deploy",
+    "engine_flags",
+    "start_http",
+    "start_ray",
+    "starting_deployments",
+    "stop",
+]
+
+#: The Serve application's name (what ``--address`` deployments add to a cluster).
+APP_NAME = "meridian"
 
 #: Ray Serve's poll of each replica's routing stats (its default is 10 s).
 DEFAULT_STATS_PERIOD_S = 1.0
+#: The routers ``cluster_app`` can put in front: Meridian's, or Ray Serve's default (power of
+#: two choices), for comparisons.
+ROUTERS = ("meridian", "pow2")
+#: Ray's setting that makes a local instance's node address loopback (its single-machine mode,
+#: the default on macOS and Windows): every Ray socket (GCS, raylet, workers, agents, their
+#: metrics) then listens on 127.0.0.1 only. Read when Ray is imported.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 # Engine arguments Meridian sets itself.
 _OWN_KWARGS = ("scheduler_cls", "scheduling_policy")
 
@@ -69,23 +95,33 @@ def cluster_app(
     config: str | Path | None = None,
     engine_kwargs: Mapping[str, Any] | None = None,
     cluster_dir: str | Path | None = None,
-    metrics_host: str = "127.0.0.1",
-    metrics_port: int = 0,
     stats_period_s: float = DEFAULT_STATS_PERIOD_S,
     routing: RoutingConfig | None = None,
     model_id: str | None = None,
     cpu: bool | None = None,
+    router: str = "meridian",
 ) -> Any:
-    """The Serve application (module docstring). ``cluster_dir``: where each replica keeps its
-    stats, metrics files and metrics address (``MERIDIAN_CLUSTER_DIR``); ``metrics_port``: the
-    first replica's metrics port (replica ``r`` uses ``metrics_port + r``; 0: free ports);
-    ``cpu``: run the engines on CPUs (``None``: when vLLM is its CPU build)."""
-    from ray.serve.llm import LLMConfig, build_openai_app
+    """The Serve application (module docstring); Ray must be up (:func:`start_ray`).
+    ``cluster_dir``: where each replica keeps its stats and metrics files
+    (``MERIDIAN_CLUSTER_DIR``); ``cpu``: run the engines on CPUs (``None``: when vLLM is its CPU
+    build)."""
+    from ray import serve
+    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+    from ray.serve.llm import LLMConfig, build_llm_deployment
+    from ray.serve.llm.ingress import make_fastapi_ingress
+
+    from meridian.ray.ingress import ENDPOINTS, MeridianIngress, front_door_app
+    from meridian.ray.server import ENV_CLUSTER_DIR
+    from meridian.vllm.resolve import resolve_engine
+    from meridian.vllm.runtime import ENV_CONFIG, ENV_MODEL, GENERIC_NAME
+    from meridian.vllm.serve import resolve_family
 
     if num_replicas < 1:
         raise ConfigError(f"--replicas must be >= 1; got {num_replicas}")
     if not stats_period_s > 0:
         raise ConfigError(f"--stats-period-s must be > 0; got {stats_period_s}")
+    if router not in ROUTERS:
+        raise ConfigError(f"router must be one of {', '.join(ROUTERS)}; got {router!r}")
     kwargs = dict(engine_kwargs or {})
     clash = [k for k in _OWN_KWARGS if k in kwargs]
     if clash:
@@ -96,14 +132,11 @@ def cluster_app(
     kwargs["scheduler_cls"] = engine.scheduler_cls()
     if engine.logits_processor is not None and "logits_processors" not in kwargs:
         kwargs["logits_processors"] = [engine.logits_processor]
+    forcing_off = None if "logits_processors" in kwargs else engine.forcing_off_reason
     kwargs.setdefault("reasoning_parser", definition.reasoning_parser)
     # The engine core in its own process (vLLM's default, forced here): the scheduler's stats
     # and metrics reach the replica through the environment of that spawned process.
-    env = {
-        ENV_METRICS_HOST: metrics_host,
-        ENV_METRICS_PORT: str(metrics_port),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-    }
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     if cluster_dir is not None:
         env[ENV_CLUSTER_DIR] = str(Path(cluster_dir).resolve())
     if family != GENERIC_NAME:
@@ -111,12 +144,18 @@ def cluster_app(
     if loaded.source is not None:
         env[ENV_CONFIG] = str(loaded.source.resolve())
     routing = routing or RoutingConfig()
-    router_kwargs = {
-        "model_family": family,
-        "config": None if loaded.source is None else str(loaded.source.resolve()),
-        "stats_max_age_s": routing.stats_max_age_s,
-        "max_hold_s": routing.max_hold_s,
-    }
+    deployment_config: dict[str, Any] = {"num_replicas": num_replicas}
+    if router == "meridian":
+        deployment_config["request_router_config"] = {
+            "request_router_class": ROUTER_CLS,
+            "request_router_kwargs": {
+                "model_family": family,
+                "config": None if loaded.source is None else str(loaded.source.resolve()),
+                "stats_max_age_s": routing.stats_max_age_s,
+                "max_hold_s": routing.max_hold_s,
+            },
+            "request_routing_stats_period_s": stats_period_s,
+        }
     on_cpu = engine.install.cpu_build if cpu is None else cpu
     llm_config = LLMConfig(
         model_loading_config={"model_id": model_id or model, "model_source": model},
@@ -124,31 +163,100 @@ def cluster_app(
         server_cls=SERVER_CLS,
         accelerator_config={"kind": "cpu"} if on_cpu else None,
         runtime_env={"env_vars": env},
-        deployment_config={
-            "num_replicas": num_replicas,
-            "request_router_config": {
-                "request_router_class": ROUTER_CLS,
-                "request_router_kwargs": router_kwargs,
-                "request_routing_stats_period_s": stats_period_s,
-            },
-        },
+        deployment_config=deployment_config,
     )
-    return build_openai_app(
-        {"llm_configs": [llm_config], "ingress_deployment_config": {"num_replicas": 1}}
+    served = llm_config.model_id
+    ingress = make_fastapi_ingress(
+        MeridianIngress, endpoint_map=ENDPOINTS, app=front_door_app(forcing_off)
+    )
+    options = {**MeridianIngress.get_deployment_options([llm_config]), "num_replicas": 1}
+    options.pop("autoscaling_config", None)  # one ingress replica: one router sees every request
+    # No CPU of its own, as Ray Serve LLM's own router deployment: it schedules beside the proxy.
+    options["ray_actor_options"] = {"num_cpus": 0}
+    return serve.deployment(ingress, **options).bind(
+        llm_deployments={served: build_llm_deployment(llm_config)},
+        model_cards={served: to_model_metadata(served, llm_config)},
     )
 
 
-def start_serve(
-    host: str, port: int, *, address: str | None = None, num_cpus: int | None = None
-) -> Any:
-    """Ray (a local instance, or the cluster at ``address``) and Serve's HTTP proxy on
-    ``host``:``port``; returns ``ray.serve`` (to ``run`` the application and ``shutdown``)."""
+def start_ray(*, address: str | None = None, num_cpus: int | None = None) -> None:
+    """Ray for the application: the cluster at ``address`` (Meridian starts none of its own), or
+    a local instance whose every socket listens on loopback (:data:`LOOPBACK_ENV`: in the
+    environment of the processes Ray starts, and in this one's Ray if it was imported before).
+    A cluster at a loopback address is one started in that mode (``ray start --head
+    --node-ip-address 127.0.0.1`` with :data:`LOOPBACK_ENV`): this driver joins it in the same
+    mode, or it would look for its node at the machine's own address and wait forever."""
+    import ray
+    import ray.serve  # an ImportError here: no Ray Serve in this environment
+
+    if address is None or _is_loopback(address):
+        from ray._private import ray_constants
+
+        os.environ.update(LOOPBACK_ENV)
+        ray_constants.ENABLE_RAY_CLUSTER = False  # what the variable sets, read at Ray's import
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+
+
+def _is_loopback(address: str) -> bool:
+    """Whether a Ray address (``HOST:PORT``, or ``auto``) names this machine's loopback.
+
+    >>> [_is_loopback(a) for a in ("127.0.0.1:6379", "localhost:6379", "10.0.0.1:6379")]
+    [True, True, False]
+    """
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def start_http(host: str, port: int) -> None:
+    """Ray Serve, its HTTP proxy on ``host``:``port``."""
+    from ray import serve
+
+    serve.start(http_options={"host": host, "port": port})
+
+
+def deploy(app: Any) -> None:
+    """Run ``app`` as :data:`APP_NAME`; returns once it is running."""
+    from ray import serve
+
+    serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+
+
+def starting_deployments() -> dict[str, str] | None:
+    """What Ray Serve says of each deployment of :data:`APP_NAME` that is not healthy yet
+    (``{}``: not deployed yet; ``None``: the application is running)."""
+    from ray import serve
+
+    app = serve.status().applications.get(APP_NAME)
+    if app is None:
+        return {}
+    if str(app.status).endswith("RUNNING"):
+        return None
+    out = {}
+    for name, deployment in app.deployments.items():
+        status = str(deployment.status).rsplit(".", 1)[-1]
+        if status != "HEALTHY":
+            out[name] = f"{status}: {deployment.message}" if deployment.message else status
+    return out
+
+
+def stop(*, joined: bool) -> None:
+    """Stop what was started: the application on a cluster joined, else Serve and the local
+    Ray instance."""
     import ray
     from ray import serve
 
-    if address:
-        ray.init(address=address)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False)
-    serve.start(http_options={"host": host, "port": port})
-    return serve
+    try:
+        if joined:
+            serve.delete(APP_NAME)
+        else:
+            serve.shutdown()
+    finally:
+        ray.shutdown()

@@ -27,6 +27,14 @@ How Ray Serve 2.60 drives it (``ray/serve/_private/request_router/request_router
   request (its kind and size chose it), not to the oldest pending one, so Serve's default match
   by request id is kept.
 
+Failures. The ingress in front of the replicas runs in the same process as this router (its
+deployment handle holds it) and reports a replica whose engine failed a request with
+:meth:`MeridianRouter.replica_failed`: from then on the policy leaves it out
+(:meth:`RoutingPolicy.failed`) until its routing stats show its engine answering again
+(``meridian_health``, written by the replica at each poll after the failure). Ray itself reports
+replicas it cannot reach (``on_replica_actor_unavailable``: out of rotation likewise) and
+replicas that died (forgotten).
+
 ``initialize_state`` takes ``request_router_kwargs``: ``model_family`` (the reasoning-model
 family whose boundaries tell a request's kind; default: the generic ``<think>`` tags),
 ``config`` (a meridian.toml path for ``[model.NAME]`` families), ``stats_max_age_s`` and
@@ -55,12 +63,15 @@ from meridian.core.types import Phase
 from meridian.ray.requests import describe_request
 from meridian.vllm.runtime import GENERIC_NAME, GENERIC_THINK_TAGS
 
-__all__ = ["STATS_KEY", "MeridianRouter", "family_definition"]
+__all__ = ["HEALTH_KEY", "STATS_KEY", "MeridianRouter", "family_definition"]
 
 logger = logging.getLogger(__name__)
 
 #: The key of Meridian's stats in a replica's ``routing_stats``.
 STATS_KEY = "meridian"
+#: The key of the replica's engine health in its ``routing_stats``: ``{"ok", "time_s"}``.
+HEALTH_KEY = "meridian_health"
+
 _UNKNOWN = NewRequest(Phase.PREFILL, 1)
 # Requests described but not routed yet (a cancelled one never is): the oldest are dropped
 # past this many.
@@ -99,11 +110,19 @@ class MeridianRouter(RequestRouter):
             self.initialize_state()
 
     def _refresh(self, replica: RunningReplica) -> str:
-        """Give the policy the replica's latest stats (parsed once per poll); its name."""
+        """Give the policy the replica's latest stats and health (read once per poll); its
+        name."""
         name = str(replica.replica_id.unique_id)
-        raw = (replica.routing_stats or {}).get(STATS_KEY)
-        if raw is not self._read.get(name):
-            self._read[name] = raw
+        polled = replica.routing_stats
+        if name not in self._read or polled is not self._read[name]:
+            self._read[name] = polled
+            polled = polled or {}
+            health = polled.get(HEALTH_KEY)
+            if isinstance(health, dict) and health.get("ok") is True:
+                at = health.get("time_s")
+                if isinstance(at, int | float):
+                    self.meridian_policy.answered(name, float(at))
+            raw = polled.get(STATS_KEY)
             stats: ReplicaStats | None = None
             if raw is not None:
                 try:
@@ -159,6 +178,17 @@ class MeridianRouter(RequestRouter):
         self._ensure_state()
         self._requests.pop(str(internal_request_id), None)
         self.meridian_policy.completed(str(internal_request_id))
+
+    def replica_failed(self, replica: str) -> None:
+        """``replica`` (its unique id) failed a request: out of rotation until its stats show
+        its engine answering again (module docstring)."""
+        self._ensure_state()
+        self.meridian_policy.failed(replica, time.time())
+
+    def on_replica_actor_unavailable(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_unavailable(replica_id)
+        self._ensure_state()
+        self.meridian_policy.failed(str(replica_id.unique_id), time.time())
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

@@ -1,5 +1,6 @@
 # mypy: disable-error-code="import-not-found,import-untyped,no-any-unimported,misc"
-"""``MeridianLLMServer``: Ray Serve LLM's ``LLMServer`` with Meridian's stats and metrics.
+"""``MeridianLLMServer``: Ray Serve LLM's ``LLMServer`` with Meridian's stats, metrics and
+failure reports.
 
 Each replica runs vLLM's ``AsyncLLM``, whose engine core (and Meridian's scheduler in it) is a
 process vLLM spawns from the replica (vLLM forces ``spawn`` inside a Ray actor), so the
@@ -12,15 +13,20 @@ scheduler's state reaches the replica through its environment, set before the en
   last stats show it idle and that has received no request since is reported idle *now*: an
   idle scheduler writes nothing more, and an idle replica should not look stale to the router.
 - ``$PROMETHEUS_MULTIPROC_DIR``: a fresh directory per replica. Ray Serve LLM exports vLLM's own
-  metrics through Ray's stat logger (``RayPrometheusStatLogger``), which does not see the
-  scheduler's ``meridian_*`` metrics; in prometheus_client's multiprocess mode the spawned
-  engine core writes them to this directory, and the replica serves them at
-  ``http://HOST:PORT/metrics`` (``$MERIDIAN_METRICS_HOST``, default 127.0.0.1;
-  ``$MERIDIAN_METRICS_PORT`` plus the replica's rank, or a free port when it is 0). The address
-  is in the routing stats (``"meridian_metrics_url"``) and in the replica's directory.
+  metrics through Ray's stat logger, which does not see the scheduler's ``meridian_*`` metrics;
+  in prometheus_client's multiprocess mode the spawned engine core writes them to this
+  directory, and :meth:`MeridianLLMServer.meridian_metrics` reads them for the cluster's front
+  door (``/metrics`` of :mod:`meridian.ray.ingress`), over Ray's own (authenticated) channel:
+  a replica opens no port of its own.
+
+Health. The routing stats also say whether the engine answers (``meridian_health``: vLLM's own
+health check at the poll). A request that fails on a replica whose engine no longer answers
+raises :class:`~meridian.ray.failure.ReplicaFailedError`, which tells the ingress to take the
+replica out of rotation and to place the request elsewhere if nothing of it reached the client;
+a request that fails while the engine answers is that request's own error.
 
 Every replica's files live in ``$MERIDIAN_CLUSTER_DIR/replica-RANK`` (a temporary directory when
-the variable is unset): ``metrics_url``, ``state.json`` and ``prom/``.
+the variable is unset): ``state.json`` and ``prom/``.
 """
 
 from __future__ import annotations
@@ -31,50 +37,43 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from ray import serve
 from ray.serve.llm import LLMServer
 
-from meridian.ray.router import STATS_KEY
+from meridian.ray.failure import ReplicaFailedError
+from meridian.ray.router import HEALTH_KEY, STATS_KEY
 from meridian.vllm.replica_state import ENV_REPLICA_STATE, read_replica_state
 
-__all__ = [
-    "ENV_CLUSTER_DIR",
-    "ENV_METRICS_HOST",
-    "ENV_METRICS_PORT",
-    "METRICS_URL_KEY",
-    "MeridianLLMServer",
-    "ReplicaChannel",
-]
+__all__ = ["ENV_CLUSTER_DIR", "MeridianLLMServer", "ReplicaChannel"]
 
 logger = logging.getLogger(__name__)
 
 ENV_CLUSTER_DIR = "MERIDIAN_CLUSTER_DIR"
-ENV_METRICS_HOST = "MERIDIAN_METRICS_HOST"
-ENV_METRICS_PORT = "MERIDIAN_METRICS_PORT"
 PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
-#: The key of the replica's metrics address in its ``routing_stats``.
-METRICS_URL_KEY = "meridian_metrics_url"
 
 
-def _replica_rank() -> int:
-    """This replica's rank in its deployment (0 outside a Serve replica)."""
+def _replica_identity() -> tuple[int, str]:
+    """This replica's rank in its deployment and its unique id (the router's name for it);
+    ``(0, "local")`` outside a Serve replica (a unit test)."""
     try:
-        rank = serve.get_replica_context().rank
-    except Exception:  # not inside a replica (a unit test)
-        return 0
-    return int(getattr(rank, "rank", rank) or 0)
+        context = serve.get_replica_context()
+    except Exception:
+        return 0, "local"
+    rank = getattr(context.rank, "rank", context.rank)
+    return int(rank or 0), str(context.replica_id.unique_id)
 
 
 class ReplicaChannel:
     """One replica's side of the channel (module docstring): directories and environment for
-    the engine it is about to start, the metrics endpoint, and the stats to report."""
+    the engine it is about to start, its metrics, and the stats to report."""
 
-    def __init__(self, root: Path, rank: int, host: str, base_port: int) -> None:
+    def __init__(self, root: Path, rank: int) -> None:
         self.directory = root / f"replica-{rank}"
         self.state_path = self.directory / "state.json"
         self.prometheus_dir = self.directory / "prom"
@@ -84,59 +83,108 @@ class ReplicaChannel:
         self.state_path.unlink(missing_ok=True)
         os.environ[ENV_REPLICA_STATE] = str(self.state_path)
         os.environ[PROMETHEUS_DIR_ENV] = str(self.prometheus_dir)
-        registry = CollectorRegistry()
-        MultiProcessCollector(registry, path=str(self.prometheus_dir))  # type: ignore[no-untyped-call]
-        port = base_port + rank if base_port else 0
-        self._http, _ = start_http_server(port, addr=host, registry=registry)
-        self.metrics_url = f"http://{host}:{self._http.server_port}/metrics"
-        (self.directory / "metrics_url").write_text(self.metrics_url, encoding="utf-8")
+        self._registry = CollectorRegistry()
+        MultiProcessCollector(self._registry, path=str(self.prometheus_dir))  # type: ignore[no-untyped-call]
         self._last_arrival = 0.0
 
     @classmethod
-    def from_env(cls) -> ReplicaChannel:
+    def from_env(cls, rank: int) -> ReplicaChannel:
         root = os.environ.get(ENV_CLUSTER_DIR) or tempfile.mkdtemp(prefix="meridian-replica-")
-        host = os.environ.get(ENV_METRICS_HOST) or "127.0.0.1"
-        port = int(os.environ.get(ENV_METRICS_PORT) or 0)
-        return cls(Path(root), _replica_rank(), host, port)
+        return cls(Path(root), rank)
 
     def arrived(self) -> None:
         """A request reached this replica."""
         self._last_arrival = time.time()
 
     def routing_stats(self) -> dict[str, Any]:
-        """What the replica adds to ``record_routing_stats()`` (module docstring)."""
-        out: dict[str, Any] = {METRICS_URL_KEY: self.metrics_url}
+        """Meridian's stats for ``record_routing_stats()`` (module docstring)."""
         stats = read_replica_state(self.state_path)
-        if stats is not None:
-            idle = stats.num_running == 0 and stats.num_waiting == 0
-            if idle and self._last_arrival < stats.time_s:
-                stats = dataclasses.replace(stats, time_s=time.time())
-            out[STATS_KEY] = stats.to_wire()
-        return out
+        if stats is None:
+            return {}
+        idle = stats.num_running == 0 and stats.num_waiting == 0
+        if idle and self._last_arrival < stats.time_s:
+            stats = dataclasses.replace(stats, time_s=time.time())
+        return {STATS_KEY: stats.to_wire()}
 
-    def close(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
+    def metrics_text(self) -> str:
+        """The engine's ``meridian_*`` metrics, in Prometheus' text format."""
+        return generate_latest(self._registry).decode()
 
 
 class MeridianLLMServer(LLMServer):
-    """``LLMServer`` whose replica reports Meridian's stats and serves its metrics."""
+    """``LLMServer`` whose replica reports Meridian's stats, its engine's health and metrics,
+    and its failures (module docstring)."""
 
     async def __init__(self, llm_config: Any, **kwargs: Any) -> None:
         # Before the engine starts: its spawned engine core inherits the environment.
-        self.meridian_channel = ReplicaChannel.from_env()
-        logger.info("Meridian replica: metrics at %s", self.meridian_channel.metrics_url)
+        rank, self.meridian_replica = _replica_identity()
+        self.meridian_channel = ReplicaChannel.from_env(rank)
         await super().__init__(llm_config, **kwargs)
+
+    async def _engine_answers(self) -> bool:
+        try:
+            await self.check_health()
+        except Exception:
+            return False
+        return True
 
     async def record_routing_stats(self) -> dict[str, Any]:
         stats = dict(await super().record_routing_stats() or {})
         stats.update(self.meridian_channel.routing_stats())
+        stats[HEALTH_KEY] = {"ok": await self._engine_answers(), "time_s": time.time()}
         return stats
 
+    async def meridian_metrics(self) -> tuple[str, str]:
+        """This replica's name (as the router knows it) and its ``meridian_*`` metrics."""
+        return self.meridian_replica, self.meridian_channel.metrics_text()
+
     async def chat(self, request: Any, raw_request_info: Any = None) -> Any:
-        self.meridian_channel.arrived()
-        return await super().chat(request, raw_request_info)
+        return await self._serve(super().chat, request, raw_request_info)
 
     async def completions(self, request: Any, raw_request_info: Any = None) -> Any:
+        return await self._serve(super().completions, request, raw_request_info)
+
+    async def _serve(
+        self, method: Callable[..., Awaitable[Any]], request: Any, raw_request_info: Any
+    ) -> AsyncIterator[Any]:
         self.meridian_channel.arrived()
-        return await super().completions(request, raw_request_info)
+        try:
+            stream = await method(request, raw_request_info)
+        except Exception as exc:
+            await self._raise_failure(exc)
+            raise
+        return self._watch(stream)
+
+    async def _watch(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """``stream``, with a failure of this replica's engine raised as a
+        :class:`ReplicaFailedError` (module docstring)."""
+        first = True
+        try:
+            async for item in stream:
+                if first and _server_error(item) is not None:
+                    await self._raise_failure(RuntimeError(_server_error(item)))
+                first = False
+                yield item
+        except ReplicaFailedError:
+            raise
+        except Exception as exc:
+            await self._raise_failure(exc)
+            raise
+
+    async def _raise_failure(self, exc: Exception) -> None:
+        """Raise :class:`ReplicaFailedError` for ``exc`` if this replica's engine no longer
+        answers; return if it does (``exc`` is then the request's own)."""
+        if await self._engine_answers():
+            return
+        logger.error("Meridian replica %s: engine failed: %r", self.meridian_replica, exc)
+        raise ReplicaFailedError(self.meridian_replica, type(exc).__name__) from exc
+
+
+def _server_error(item: Any) -> str | None:
+    """The message of an item that is a server-side error response (5xx), else ``None``."""
+    first = item[0] if isinstance(item, list) and item else item
+    error = getattr(first, "error", None)
+    code = getattr(error, "code", None)
+    if isinstance(code, int) and code >= 500:
+        return str(getattr(error, "message", "server error"))
+    return None

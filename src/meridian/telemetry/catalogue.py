@@ -247,7 +247,36 @@ CATALOGUE: Final[tuple[MetricSpec, ...]] = (
     KV_EVICTIONS,
 )
 
-_BY_NAME: Final[Mapping[str, MetricSpec]] = {spec.name: spec for spec in CATALOGUE}
+# The cluster's front door (``meridian serve-cluster``'s ingress) exports these beside every
+# replica's catalogue above: they count what happens between replicas, which no replica sees.
+REPLICA_FAILURES: Final = MetricSpec(
+    "meridian_replica_failures_total", C,
+    "Requests that found their replica's engine no longer answering (the replica is then out "
+    "of rotation until it answers again).",
+    (), "meridian.replica_failures", "requests",
+)  # fmt: skip
+REQUESTS_REPLACED: Final = MetricSpec(
+    "meridian_requests_replaced_total", C,
+    "Requests placed on another replica after their replica failed, before anything of them "
+    "reached the client.",
+    (), "meridian.requests_replaced", "requests",
+)  # fmt: skip
+STREAMS_BROKEN: Final = MetricSpec(
+    "meridian_streams_broken_total", C,
+    "Streams whose replica failed after part of the answer reached the client: they end with "
+    "an error event.",
+    (), "meridian.streams_broken", "requests",
+)  # fmt: skip
+
+CLUSTER_CATALOGUE: Final[tuple[MetricSpec, ...]] = (
+    REPLICA_FAILURES,
+    REQUESTS_REPLACED,
+    STREAMS_BROKEN,
+)
+
+_BY_NAME: Final[Mapping[str, MetricSpec]] = {
+    spec.name: spec for spec in (*CATALOGUE, *CLUSTER_CATALOGUE)
+}
 
 _PHASES_Q: Final = tuple(phase_label(p) for p in QUEUE_PHASES)
 _PHASES_R: Final = tuple(phase_label(p) for p in ROW_PHASES)

@@ -375,3 +375,22 @@ def _child(children: dict[Phase, _ChildT], phase: Phase, what: str) -> _ChildT:
     except KeyError:
         allowed = ", ".join(p.name for p in children)
         raise ValueError(f"{what} is reported for phases {allowed}; got {phase!r}") from None
+
+
+class ClusterMetrics:
+    """The cluster front door's counters (:data:`~meridian.telemetry.catalogue.CLUSTER_CATALOGUE`)
+    on their own registry (the ingress process has no engine, so none of the catalogue's
+    engine metrics)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._counters: dict[str, Counter] = {}
+        for spec in cat.CLUSTER_CATALOGUE:
+            counter = _build(spec)
+            assert isinstance(counter, Counter)
+            self.registry.register(counter)
+            self._counters[spec.name] = counter
+
+    def count(self, spec: MetricSpec, n: int = 1) -> None:
+        """Add ``n`` to the cluster counter ``spec``."""
+        self._counters[spec.name].inc(n)

@@ -227,6 +227,13 @@ class _ProcessorCore:
         self.fail_open.error(where, exc)
 
 
+def _validate_params(sampling_params: Any) -> None:
+    """Both processors' ``validate_params``: reject bad ``meridian_*`` extra_args at admission
+    (a ``ValueError``: HTTP 400 for that request). The front doors check the same knobs as sent
+    (:func:`meridian.vllm.http.check_knobs`)."""
+    parse_request_budget(getattr(sampling_params, "extra_args", None))
+
+
 class MeridianLogitsProcessor(LogitsProcessor):
     """V1-interface processor (``vllm.v1.sample.logits_processor``), the CPU runner's.
 
@@ -237,8 +244,7 @@ class MeridianLogitsProcessor(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: Any) -> None:
-        """Reject bad ``meridian_*`` extra_args at admission (a ``ValueError``: HTTP 400)."""
-        parse_request_budget(getattr(sampling_params, "extra_args", None))
+        _validate_params(sampling_params)
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.core = _ProcessorCore(runtime_from_vllm_config(vllm_config))
@@ -420,8 +426,7 @@ if _V2LogitsProcessor is not None:
 
         @classmethod
         def validate_params(cls, sampling_params: Any) -> None:
-            """Reject bad ``meridian_*`` extra_args at admission (a ``ValueError``)."""
-            parse_request_budget(getattr(sampling_params, "extra_args", None))
+            _validate_params(sampling_params)
 
         def __init__(self, vllm_config: Any, req_states: Any) -> None:
             super().__init__(vllm_config, req_states)

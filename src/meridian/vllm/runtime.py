@@ -316,8 +316,11 @@ def runtime_from_vllm_config(vllm_config: Any) -> MeridianRuntime:
     )
 
 
-def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget | None:
+def parse_request_budget(
+    extra_args: Mapping[str, Any] | None, *, field: str = "extra_args"
+) -> RequestBudget | None:
     """The per-request budget from ``SamplingParams.extra_args``; ``None`` when none is set.
+    Errors name the knob as ``field.KEY`` (``vllm_xargs`` at the HTTP front door).
 
     Keys: ``meridian_max_think_tokens`` (a positive int: replaces the hard cap for this
     request), ``meridian_forcing`` (``"on"``/``"off"``, a bool, or 0/1, what vLLM's HTTP
@@ -339,15 +342,14 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
         unknown = [k for k in keys if k.startswith("meridian_") and k not in _KNOB_SET]
         if unknown:
             raise RequestArgsError(
-                f"extra_args: unknown Meridian key {min(unknown)!r}; known keys: "
-                f"{', '.join(_KNOBS)}"
+                f"{field}: unknown Meridian key {min(unknown)!r}; known keys: {', '.join(_KNOBS)}"
             )
         if keys.isdisjoint(_KNOB_SET):
             return None
     cap = extra_args.get(KNOB_MAX_THINK_TOKENS)
     if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
         raise RequestArgsError(
-            f"extra_args.{KNOB_MAX_THINK_TOKENS} must be a positive integer; got {cap!r}"
+            f"{field}.{KNOB_MAX_THINK_TOKENS} must be a positive integer; got {cap!r}"
         )
     raw = extra_args.get(KNOB_FORCING, "on")
     if isinstance(raw, bool):
@@ -358,9 +360,7 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
     else:
         forcing = _FORCING_VALUES.get(str(raw).lower())
     if forcing is None:
-        raise RequestArgsError(
-            f'extra_args.{KNOB_FORCING} must be "on", "off" or a bool; got {raw!r}'
-        )
+        raise RequestArgsError(f'{field}.{KNOB_FORCING} must be "on", "off" or a bool; got {raw!r}')
     raw_signals = extra_args.get(KNOB_SIGNALS, "all")
     try:
         signals = _SIGNALS_BY_VALUE.get(raw_signals)
@@ -369,7 +369,7 @@ def parse_request_budget(extra_args: Mapping[str, Any] | None) -> RequestBudget 
     if signals is None:
         names = ", ".join(f'"{s.value}"' for s in Signals)
         raise RequestArgsError(
-            f"extra_args.{KNOB_SIGNALS} must be one of {names}; got {raw_signals!r}"
+            f"{field}.{KNOB_SIGNALS} must be one of {names}; got {raw_signals!r}"
         )
     return _request_budget(cap, forcing, signals)
 

@@ -18,6 +18,9 @@ config code picks for these arguments):
   (the V1 runner under speculative decoding: forcing is then off, and ``meridian serve`` says
   so);
 - ``--reasoning-parser``: the model family's parser, unless the user passed one;
+- ``--middleware``: Meridian's front door (:mod:`meridian.vllm.http`): per-request knobs checked
+  as sent, a knob this server cannot honour refused (``MERIDIAN_FORCING_OFF`` says why, where
+  no logits processor runs), error bodies without internals;
 - ``--host 127.0.0.1`` unless the user passed ``--host`` (vLLM alone binds every interface; an
   empty ``--host`` is refused, since vLLM would bind every interface for it too);
 - with ``kv_offload_bytes``: ``--kv-transfer-config`` for vLLM's ``OffloadingConnector`` (see
@@ -46,7 +49,8 @@ from pathlib import Path
 
 from meridian.config import MeridianConfig, ModelDefinition
 from meridian.errors import ConfigError
-from meridian.vllm.http import MIDDLEWARE as KNOB_MIDDLEWARE
+from meridian.vllm.http import ENV_FORCING_OFF
+from meridian.vllm.http import MIDDLEWARE as FRONT_DOOR
 from meridian.vllm.resolve import EngineResolution
 from meridian.vllm.runtime import ENV_CONFIG, ENV_MODEL, GENERIC_NAME, GENERIC_THINK_TAGS
 from meridian.vllm.steplog import ENV_STEP_LOG
@@ -242,6 +246,7 @@ def build_serve_argv(
         if kv_offload_bytes <= 0:
             raise ConfigError(f"--kv-offload-gib must be positive; got {kv_offload_bytes} bytes")
     notes: list[str] = []
+    forcing_off: str | None = None
     argv = [python, "-m", SERVER_MODULE, "--model", model]
     argv += ["--scheduler-cls", engine.scheduler_cls(shadow=shadow)]
     processor = engine.logits_processor
@@ -249,11 +254,13 @@ def build_serve_argv(
         if processor is not None:
             argv += ["--logits-processors", processor]
         else:
-            notes.append(str(engine.forcing_off_reason))
+            forcing_off = str(engine.forcing_off_reason)
+            notes.append(forcing_off)
     if not _has_flag(extra_args, "--reasoning-parser"):
         argv += ["--reasoning-parser", definition.reasoning_parser]
-    # Request knobs checked as sent, before vLLM's typing turns a JSON bool into a number.
-    argv += ["--middleware", KNOB_MIDDLEWARE]
+    # Request knobs checked as sent (before vLLM's typing turns a JSON bool into a number), and
+    # error bodies without internals.
+    argv += ["--middleware", FRONT_DOOR]
     # Loopback unless told otherwise: vLLM alone binds every interface.
     if not _has_flag(extra_args, "--host"):
         argv += ["--host", "127.0.0.1"]
@@ -270,6 +277,8 @@ def build_serve_argv(
         env[PROMETHEUS_DIR_ENV] = str(metrics_dir)
     if step_log is not None:
         env[ENV_STEP_LOG] = str(Path(step_log).resolve())
+    if forcing_off is not None:
+        env[ENV_FORCING_OFF] = forcing_off
     return ServeCommand(argv, env, family, f"http://{host}:{port}/metrics", tuple(notes))
 
 
