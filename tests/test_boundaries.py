@@ -91,5 +91,5 @@ def test_tokenizer_json_directory(tmp_path: Path) -> None:
     )
     ids = resolve_boundary_ids(model, vocab)
     assert (ids.think_start, ids.think_end, ids.newline_ids) == ((3,), (4,), frozenset({2}))
-    with pytest.raises(BoundaryError, match=r"no tokenizer\.json"):
+    with pytest.raises(BoundaryError, match=r"tokenizer\.json not found"):
         TokenizerJsonVocab.from_dir(tmp_path / "missing")

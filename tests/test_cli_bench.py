@@ -203,9 +203,9 @@ def test_vllm_log_lines_hidden_unless_verbose(
         (["--arrival-rate", "inf"], "--arrival-rate values must be finite numbers > 0"),
         (["--arrival-rate", "4,,8"], "--arrival-rate has an empty value in '4,,8'"),
         (["--arrival-rate", "4,"], "--arrival-rate has an empty value in '4,'"),
-        (["--output-itl-slo-ms", "0"], "--output-itl-slo-ms must be a number > 0; got 0"),
-        (["--ttfvt-slo-base-s", "nan"], "--ttfvt-slo-base-s must be a number > 0; got nan"),
-        (["--duration-s", "-1"], "--duration-s must be > 0"),
+        (["--output-itl-slo-ms", "0"], "--output-itl-slo-ms must be a number in (0, 3,600,000]"),
+        (["--ttfvt-slo-base-s", "nan"], "--ttfvt-slo-base-s must be a number in (0, 86,400]"),
+        (["--duration-s", "-1"], "--duration-s must be in (0, 604,800] seconds"),
         (["--policies", "vllm-fcfs,nope"], "unknown policy 'nope'"),
         (
             ["--policies", "meridian-sched+forcing"],

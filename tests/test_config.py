@@ -96,7 +96,19 @@ def test_defaults_match_the_design() -> None:
             "kv_memory.aggressive_think_eviction was removed; delete it",
         ),
         ("[kv_memory]\nblock_size_bytes = 0", "kv_memory.block_size_bytes"),
-        ("[kv_memory]\ncapacity_bytes = 'lots'", "kv_memory.capacity_bytes must be a positive"),
+        ("[kv_memory]\ncapacity_bytes = 'lots'", 'kv_memory.capacity_bytes must be "auto" or'),
+        # Values that allocate, bounded by what a real node holds (issue 41).
+        (
+            "[kv_memory]\ncapacity_bytes = 1208925819614629174706176",
+            'kv_memory.capacity_bytes must be "auto" or a number of bytes in [1, 4398046511104]',
+        ),
+        ("[kv_memory]\nblock_size_bytes = 4398046511104", "kv_memory.block_size_bytes must be in"),
+        ("[entropy]\nrpdi_window_tokens = 65537", "entropy.rpdi_window_tokens must be in [1, 6"),
+        (
+            "[scheduler]\nforce_transition_phrase = '" + "x" * 3000 + "'",
+            "scheduler.force_transition_phrase: string should have at most 256 characters",
+        ),
+        ("[model.x]\nthink_start = 'a'\nthink_end = '" + "y" * 300 + "'", "model.x.think_end"),
         ("[entropy]\nenabled = 1", "entropy.enabled"),
         ("[telemetry]\notlp_endpoint = 4318", "telemetry.otlp_endpoint"),
         # Accepted without a word before (issue 31): values nothing downstream can use.

@@ -7,10 +7,12 @@ in ``tests/vllm_e2e/test_engine_resolution.py``.
 from __future__ import annotations
 
 import importlib.util
+import socket
 from pathlib import Path
 
 import pytest
 
+from cli_process import run_meridian
 from meridian.cli import main
 from meridian.vllm import (
     ASYNC_SCHEDULER_CLS,
@@ -95,6 +97,93 @@ def test_the_bind_check(args: list[str], status: Status, where: str) -> None:
     assert check.status is status and where in check.detail
     if status is Status.WARN:
         assert "--api-key" in check.fix
+
+
+def _listening() -> socket.socket:
+    """A socket listening on a free loopback port (the port "in use")."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_the_port_check_binds_the_port_as_vllm_will() -> None:
+    # `-- --port <a port in use>` and `-- --port 99999` passed; vLLM then failed at start-up.
+    with _listening() as busy:
+        port = busy.getsockname()[1]
+        check = doctor.check_port(["--port", str(port)])
+        assert check.status is Status.FAIL and "in use" in check.detail and "--port" in check.fix
+    free = doctor.check_port([f"--port={_free_port()}"])
+    assert free.status is Status.PASS and "is free" in free.detail
+    for args, text in [
+        (["--port", "99999"], "--port 99999 is outside [0, 65535]"),
+        (["--port", "-1"], "outside [0, 65535]"),
+        (["--port", "http"], "--port 'http' is not a number"),
+        (["--host", "192.0.2.1", "--port", "8000"], "not an address of this machine"),
+        (["--host", "no-such-host.invalid"], "--host no-such-host.invalid does not resolve"),
+        (["--host", ""], "every interface"),
+    ]:
+        check = doctor.check_port(args)
+        assert check.status is Status.FAIL and text in check.detail, (args, check)
+
+
+def _model_dir(root: Path, *files: str) -> Path:
+    root.mkdir()
+    for name in files:
+        (root / name).write_text("{}" if name.endswith(".json") else "x")
+    return root
+
+
+def test_the_model_check_wants_a_model_where_serve_will_look(tmp_path: Path) -> None:
+    full = _model_dir(tmp_path / "full", "config.json", "model.safetensors", "tokenizer.json")
+    assert doctor.check_model(str(full), []).status is Status.PASS
+    no_weights = _model_dir(tmp_path / "bare", "config.json", "tokenizer.json")
+    cases = [
+        (str(tmp_path / "nowhere"), [], Status.FAIL, "no such file or directory"),
+        ("/nonexistent/model", [], Status.FAIL, "not a Hugging Face model id"),
+        (str(_model_dir(tmp_path / "empty")), [], Status.FAIL, "holds no config.json"),
+        (str(no_weights), [], Status.FAIL, "holds no weights"),
+        (str(no_weights), ["--load-format", "dummy"], Status.PASS, "config.json, tokenizer"),
+        (str(_model_dir(tmp_path / "untok", "config.json", "w.bin")), [], Status.FAIL, "tokenizer"),
+        (str(full / "config.json"), [], Status.FAIL, "is a regular file, not a model directory"),
+        ("/dev/null", [], Status.FAIL, "is a character device, not a model directory"),
+        ("Qwen/Qwen3-8B", [], Status.WARN, "vLLM fetches it at start-up"),
+        (None, [], Status.WARN, "no --model"),
+    ]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("[1]")
+    cases.append((str(tmp_path / "bad"), [], Status.FAIL, "is not a JSON object"))
+    for model, args, status, text in cases:
+        check = doctor.check_model(model, args)
+        assert check.status is status and text in check.detail, (model, check)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None,
+    reason="with vLLM, doctor imports it (about 20 s): tests/vllm_e2e/test_engine_resolution.py",
+)
+def test_doctor_finishes_every_check_on_what_serve_would_fail(tmp_path: Path) -> None:
+    """As a subprocess, as users run it: a model path that does not exist (a traceback before,
+    HFValidationError), a folder with no model and ports that cannot be bound (passed before)."""
+    with _listening() as busy:
+        port = busy.getsockname()[1]
+        first = run_meridian(["doctor", "--model", "/nonexistent/model", "--", "--port", str(port)])
+    second = run_meridian(["doctor", "--model", str(tmp_path), "--", "--port", "99999"])
+    for ran in (first, second):
+        assert ran.code == 1 and "Traceback" not in ran.out + ran.err, ran.err
+        assert ran.out.strip().splitlines()[-1].startswith("meridian doctor: ")
+        assert "PASS  package:" in ran.out  # the last check ran
+        ran.assert_bounded()
+    assert "FAIL  model: /nonexistent/model: no such file or directory" in first.out
+    assert f"FAIL  port: 127.0.0.1:{port} cannot be bound: in use" in first.out
+    assert f"FAIL  model: {tmp_path} holds no config.json: no model in it" in second.out
+    assert "FAIL  port: --port 99999 is outside [0, 65535]" in second.out
 
 
 def test_the_metrics_directory_check(tmp_path: Path) -> None:

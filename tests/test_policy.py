@@ -424,6 +424,9 @@ class Recording:
     def think_ended(self, request_id: str, num_think_tokens: int, hard_cap: bool) -> None:
         self.think_ends.append((num_think_tokens, hard_cap))
 
+    def force_cut_short(self, request_id: str) -> None:
+        self.log.append(("force cut short", request_id))
+
     def reasoning_started(self, request_id: str) -> None:
         self.log.append(("reasoning", request_id))
 
@@ -461,6 +464,33 @@ def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> Non
         ExitThink.__name__,
     ]
     assert listener.think_ends[-1] == (2, True)
+
+
+def test_a_request_that_finishes_inside_its_forced_phrase_counts_as_forced() -> None:
+    """Its max_tokens ran out while the transition phrase was forced (issue 41: a long phrase
+    took every token left and the force was counted nowhere): the finish counts the force,
+    once; a request that stops at its cap, before any forced token, or inside its reasoning,
+    is no force."""
+    listener = Recording()
+    policy = make_policy(listener=listener, transition_len=3)
+    budget = RequestBudget(max_think_tokens=2)
+    # "cut": 2 think tokens (the cap), then 2 of the 3 forced phrase tokens, then max_tokens.
+    # "at cap": stops at the cap. "early": stops before it. "none": no cap (forcing off).
+    for rid, tokens, kw in [
+        ("cut", [7, 7, 7, 7], {"budget": budget}),
+        ("at cap", [7, 7], {"budget": budget}),
+        ("early", [7], {"budget": budget}),
+        ("none", [7, 7, 7, 7], {"budget": RequestBudget(forcing=False)}),
+    ]:
+        r = admitted(policy, rid, THINK_PROMPT, **kw)
+        for step, token in enumerate(tokens, start=1):
+            r.emit(policy, token, step)
+    policy.untrack_many([(rid, None) for rid in ("cut", "at cap", "early", "none")])
+    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    forces = ("force cut short", ForceBudget.__name__)
+    heard = [(name, rid) for name, rid in listener.log if name in forces]
+    assert heard == [(ForceBudget.__name__, "cut"), ("force cut short", "cut")]
+    assert listener.think_ends == []  # no think phase ended
 
 
 def test_a_listener_without_phase_events_hears_the_rest() -> None:

@@ -328,7 +328,7 @@ def test_report_round_trips_through_the_schema(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(MeridianError, match=r"not a valid SimReport \(schema_version 2\)"):
         load_report(path, SimReport)
-    with pytest.raises(MeridianError, match="cannot read report"):
+    with pytest.raises(MeridianError, match="report not found"):
         load_report(tmp_path / "missing.json", SimReport)
 
 

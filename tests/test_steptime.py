@@ -384,7 +384,7 @@ def test_csv_with_too_few_rows_is_rejected(tmp_path: Path) -> None:
         FittedStepTime.from_csv(path)
     with pytest.raises(CalibrationError, match="empty file"):
         FittedStepTime.from_csv(_empty(tmp_path))
-    with pytest.raises(CalibrationError, match="cannot read"):
+    with pytest.raises(CalibrationError, match="step-time CSV not found"):
         FittedStepTime.from_csv(tmp_path / "absent.csv")
 
 

@@ -345,6 +345,13 @@ def test_the_adapters_listener_observes_exits_and_first_answers_in_batches() -> 
     listener.publish()
     assert get("meridian_reasoning_seconds_sum") == pytest.approx(2.0 + 4.0 + 1.0)
     assert not listener._think_ended_at and not listener._reasoning_from
+    # A request whose max_tokens ran out inside its forced phrase never ends its think phase:
+    # its force is counted when it finishes (and only the force: no think tokens observed).
+    listener.force_cut_short("e")
+    listener.requests_finished(["e"])
+    listener.publish()
+    assert get("meridian_budget_forces_total", reason="hard_cap") == 2
+    assert get("meridian_request_think_tokens_count") == 3
 
 
 def test_the_adapters_kv_gauges_follow_the_running_requests_across_publishes() -> None:

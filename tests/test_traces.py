@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meridian.bench.traces import TraceError, read_trace, write_trace
-from meridian.bench.workloads import WORKLOADS, WorkloadParams, generate_workload
+from meridian.bench.traces import NS_PER_S, TraceError, read_trace, write_trace
+from meridian.bench.workloads import MAX_DURATION_S, WORKLOADS, WorkloadParams, generate_workload
 from meridian.errors import MeridianError
 from meridian.sim.request import RequestKind, RequestSpec
 
@@ -83,7 +83,7 @@ def test_round_trip_extreme_values(tmp_path: Path) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    arrival_ns=st.integers(min_value=0, max_value=10**15),
+    arrival_ns=st.integers(min_value=0, max_value=int(MAX_DURATION_S) * NS_PER_S),
     entropy=st.lists(
         st.floats(min_value=0.0, max_value=20.0, allow_nan=False, width=32), max_size=50
     ),
@@ -238,7 +238,7 @@ def test_error_empty_file(tmp_path: Path) -> None:
 
 
 def test_error_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(TraceError, match="cannot read trace file"):
+    with pytest.raises(TraceError, match="trace file not found"):
         read_trace(tmp_path / "nope.jsonl")
 
 
@@ -251,8 +251,11 @@ def test_error_not_utf8(tmp_path: Path) -> None:
 
 def test_write_errors(tmp_path: Path) -> None:
     spec = RequestSpec("x", 0, 1, 0, 1, RequestKind.CHAT)
+    write_trace(tmp_path / "missing-dir" / "t.jsonl", [spec])  # its folder is made
+    assert [s.request_id for s in read_trace(tmp_path / "missing-dir" / "t.jsonl")] == ["x"]
+    (tmp_path / "a-file").write_text("")
     with pytest.raises(TraceError, match="cannot write trace file"):
-        write_trace(tmp_path / "missing-dir" / "t.jsonl", [spec])
+        write_trace(tmp_path / "a-file" / "t.jsonl", [spec])
     bad = np.array([0.1, np.nan], dtype=np.float32)
     nan_spec = RequestSpec("y", 0, 1, 2, 1, RequestKind.REASONING, bad)
     with pytest.raises(TraceError, match=r"request y: entropy\[1\] is nan"):

@@ -69,6 +69,9 @@ class Listener:
     def think_ended(self, request_id: str, num_think_tokens: int, hard_cap: bool) -> None:
         self._add(request_id, ("think_ended", num_think_tokens, hard_cap))
 
+    def force_cut_short(self, request_id: str) -> None:
+        self._add(request_id, "force cut short")
+
     def reasoning_started(self, request_id: str) -> None:
         self._add(request_id, "reasoning")
 
@@ -161,7 +164,18 @@ class Reference:
             self.log[rid].append((step, "EnterThink"))
 
     def untrack(self, rid: str, step: int) -> None:
-        del self.requests[rid]
+        r = self.requests.pop(rid)
+        st_, cap = r.state, r.script.cap
+        if st_.phase is Phase.THINK and cap is not None:
+            # Finished inside its hard-cap force (the phrase, or a begun think_end, not all out):
+            # no think exit will count that force, so the finish does.
+            base = max(cap, st_.num_prompt_think_tokens)
+            thought = st_.num_reasoning_tokens - st_.marker_progress
+            if base < thought <= base + self.transition_len or (
+                thought == base and st_.marker_progress
+            ):
+                self.num_hard_cap += 1
+                self.log[rid] += [(step, "ForceBudget"), (step, "force cut short")]
         self.log[rid].append((step, "finish"))
 
     def next_tokens(self, rid: str, n: int) -> list[int]:

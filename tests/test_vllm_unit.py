@@ -492,6 +492,8 @@ def test_transition_phrase_resolves_to_token_ids() -> None:
         (None, "qwen3", "wrap up", "needs the model's tokenizer"),
         (_Encoder(), None, "wrap </think>", "contains the think-end marker"),
         (_Encoder(), None, "   ", "encodes to no tokens"),
+        # 65 tokens: within the config's 256 characters, over the 64 tokens a force may take.
+        (_Encoder(), None, " ".join(["wrap"] * 65), "must be at most 64 tokens"),
     ],
 )
 def test_unusable_transition_phrases_are_clear_config_errors(

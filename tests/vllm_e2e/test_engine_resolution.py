@@ -12,6 +12,8 @@ platform as it is. Plus ``meridian doctor`` against the real vLLM.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -166,15 +168,18 @@ def test_doctor_on_the_real_vllm(tiny_model: Path, capsys: pytest.CaptureFixture
         in out
     )
     # Everything in order (a model whose config and tokenizer are not on this machine: the
-    # engine is decided for a stand-in, the boundary ids are not checked).
-    assert main(["doctor", "--model", "Qwen/Qwen3-8B"]) == 0
+    # engine is decided for a stand-in, the boundary ids are not checked). The port is one
+    # that is free: doctor checks it can be bound.
+    port = ["--", "--port", str(_free_port())]
+    assert main(["doctor", "--model", "Qwen/Qwen3-8B", *port]) == 0
     out = capsys.readouterr().out
     assert "PASS  runner (decided for a stand-in decoder: Qwen/Qwen3-8B's config" in out
     assert "PASS  reasoning parser: qwen3" in out
     assert "WARN  model family: qwen3; boundary ids not checked" in out
     # A local model: its own config decides the engine, its tokenizer gives the boundary ids.
-    assert main(["doctor", "--model", str(tiny_model)]) == 0
+    assert main(["doctor", "--model", str(tiny_model), *port]) == 0
     out = capsys.readouterr().out
+    assert "PASS  model: " in out and "(config.json, weights, tokenizer)" in out
     assert (
         "PASS  runner: Model Runner V1; processor meridian.vllm.logits:MeridianLogitsProcessor"
         in out
@@ -184,3 +189,37 @@ def test_doctor_on_the_real_vllm(tiny_model: Path, capsys: pytest.CaptureFixture
     assert main(["doctor", "--model", str(tiny_model), "--model-family", "gpt_oss"]) == 1
     out = capsys.readouterr().out
     assert "FAIL  model family:" in out and "gpt_oss" in out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_doctor_finishes_every_check_with_vllm_on_what_serve_would_fail(tmp_path: Path) -> None:
+    """Issue 41, as users run it (the command in its own process, vLLM installed): a model path
+    that does not exist printed a traceback (HFValidationError from the Hugging Face cache
+    lookup); a folder with no model in it, a port in use and port 99999 passed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    doctor = [sys.executable, "-m", "meridian", "doctor"]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        first = subprocess.run(
+            [*doctor, "--model", "/nonexistent/model", "--", "--port", str(port)],
+            capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+    second = subprocess.run(
+        [*doctor, "--model", str(tmp_path), "--", "--port", "99999"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    for ran in (first, second):
+        assert ran.returncode == 1 and "Traceback" not in ran.stdout + ran.stderr, ran.stderr
+        assert "PASS  package:" in ran.stdout  # the last check ran
+        assert ran.stdout.strip().splitlines()[-1].startswith("meridian doctor: ")
+    assert "FAIL  model: /nonexistent/model: no such file or directory" in first.stdout
+    assert f"FAIL  port: 127.0.0.1:{port} cannot be bound: in use" in first.stdout
+    assert f"FAIL  model: {tmp_path} holds no config.json: no model in it" in second.stdout
+    assert "FAIL  port: --port 99999 is outside [0, 65535]" in second.stdout

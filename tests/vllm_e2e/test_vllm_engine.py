@@ -242,7 +242,8 @@ def test_transition_phrase_before_the_forced_marker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """scheduler.force_transition_phrase: the phrase's tokens, then </think>, right at the cap;
-    the scheduler still recognises the hard-cap force from the token stream."""
+    the scheduler still recognises the hard-cap force from the token stream, also for a request
+    whose max_tokens ran out inside the phrase (issue 41: its force was counted nowhere)."""
     start = time.perf_counter()
     phrase = " time to answer"
     config = tmp_path / "meridian.toml"
@@ -250,23 +251,26 @@ def test_transition_phrase_before_the_forced_marker(
     monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
     phrase_ids = tokenizer.encode(phrase, add_special_tokens=False)
     assert len(phrase_ids) > 1
-    caps = [3, 6, 9]
+    caps = [3, 6, 9, 3]
+    # The last request stops one token into the phrase.
+    max_tokens = [40, 40, 40, 4]
+    params = [greedy(m, meridian_max_think_tokens=c) for c, m in zip(caps, max_tokens, strict=True)]
     with engine(meridian=True) as llm:
         outs = token_ids(
-            llm.generate(
-                [chat_prompt(i) for i in range(len(caps))],
-                [greedy(40, meridian_max_think_tokens=c) for c in caps],
-                use_tqdm=False,
-            )
+            llm.generate([chat_prompt(i % 3) for i in range(len(caps))], params, use_tqdm=False)
         )
         forced = meridian_processor_of(llm).forcer.num_forced[ForceReason.HARD_CAP]
         inferred = scheduler_of(llm).meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
     k = len(phrase_ids)
-    for cap, out in zip(caps, outs, strict=True):
+    for cap, out in zip(caps[:3], outs, strict=False):
         if end_id in out[:cap]:
             continue  # the model closed its reasoning itself
         assert out[cap : cap + k] == phrase_ids and out[cap + k] == end_id, (cap, out)
-    assert forced == inferred >= len(caps) - 1
+    cut = outs[-1]
+    cut_short = end_id not in cut[:3]
+    if cut_short:
+        assert cut == [*outs[0][:3], phrase_ids[0]], cut  # forced, then out of max_tokens
+    assert forced == inferred >= len(caps) - 2 + cut_short
     timed("transition phrase", start)
 
 

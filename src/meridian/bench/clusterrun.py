@@ -39,6 +39,15 @@ __all__ = ["ClusterReport", "ClusterSpec", "run_cluster", "simulate_cluster"]
 ProgressHook = Callable[[str, int], None]
 
 
+# One process simulates every replica (each an engine with its own scheduler and block pool, all
+# stepped on one clock): 1,024 is more than any one Ray Serve deployment of an LLM runs.
+MAX_REPLICAS = 1024
+# Replica stats refresh every period of virtual time, each refresh a pass over every replica:
+# from 10 ms (a tenth of vLLM's coordinator's 100 ms) to an hour (Ray's default is 10 s).
+MIN_STATS_PERIOD_S = 0.01
+MAX_STATS_PERIOD_S = 3600.0
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """The cluster around each replica: how many, which routers, how often stats refresh
@@ -50,10 +59,17 @@ class ClusterSpec:
     routing: RoutingConfig = field(default_factory=RoutingConfig)
 
     def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise MeridianError(f"--replicas must be >= 1; got {self.replicas}")
-        if self.stats_period_s is not None and not self.stats_period_s > 0:
-            raise MeridianError(f"--stats-period-s must be > 0; got {self.stats_period_s}")
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            raise MeridianError(
+                f"--replicas must be in [1, {MAX_REPLICAS}] (one process simulates them all); "
+                f"got {self.replicas}"
+            )
+        period = self.stats_period_s
+        if period is not None and not MIN_STATS_PERIOD_S <= period <= MAX_STATS_PERIOD_S:
+            raise MeridianError(
+                f"--stats-period-s must be in [{MIN_STATS_PERIOD_S:g}, {MAX_STATS_PERIOD_S:g}] "
+                f"seconds (a refresh visits every replica); got {period:g}"
+            )
         parse_routers(",".join(self.routers))
 
 
@@ -142,7 +158,9 @@ def simulate_cluster(
 ) -> tuple[ClusterReport, dict[str, ClusterRun]]:
     """Every router of ``cluster`` with every policy of ``spec`` at ``arrival_rate`` (the
     cluster's); the report and the runs."""
-    requests, streams, engine_config, step_model = prepare_run(spec, arrival_rate, requests)
+    requests, streams, engine_config, step_model = prepare_run(
+        spec, arrival_rate, requests, cluster.replicas
+    )
     runs: dict[str, ClusterRun] = {}
     for router in cluster.routers:
         for name in spec.policies:

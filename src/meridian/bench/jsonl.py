@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, TypeVar
 
 from pydantic import AfterValidator, BaseModel, PlainValidator, Strict, ValidationError
 
+from meridian.config.files import read_user_file
 from meridian.config.loading import format_validation_error
 from meridian.errors import MeridianError
 
@@ -54,29 +56,38 @@ def _json_type(value: object) -> str:
 
 
 def read_jsonl(
-    path: Path, model: type[M], error: type[MeridianError], *, what: str
-) -> list[tuple[int, M]]:
-    """Each non-blank line of ``path`` validated as ``model``, with its line number (from 1).
+    path: Path,
+    model: type[M],
+    error: type[MeridianError],
+    *,
+    what: str,
+    max_bytes: int,
+    max_lines: int,
+) -> Iterator[tuple[int, M]]:
+    """Each non-blank line of ``path`` validated as ``model``, with its line number (from 1), as
+    it is read: the caller keeps what it needs of a line (a trace's entropies as float32), not
+    every line's Python objects at once.
 
-    Raises ``error`` for an unreadable or empty file (``what`` names it: "dataset", "trace") and
-    for the first bad line: not JSON, not an object, or what ``model`` rejects.
+    Raises ``error`` for a file that is unreadable, not a regular file, over ``max_bytes``
+    (:func:`~meridian.config.files.read_user_file`), empty, or of more than ``max_lines`` lines
+    (``what`` names it: "dataset", "trace"), and for the first bad line: not JSON, not an
+    object, or what ``model`` rejects.
 
     >>> from pydantic import BaseModel
     >>> class Point(BaseModel):
     ...     x: int
     >>> import tempfile; f = Path(tempfile.mkdtemp()) / "p.jsonl"; _ = f.write_text('{"x": "a"}')
-    >>> read_jsonl(f, Point, MeridianError, what="point")  # doctest: +ELLIPSIS
+    >>> list(read_jsonl(f, Point, MeridianError, what="point", max_bytes=99, max_lines=9))
+    ... # doctest: +ELLIPSIS
     Traceback (most recent call last):
     meridian.errors.MeridianError: .../p.jsonl:1: x: input should be a valid integer, ...; got 'a'
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise error(f"{path}: cannot read {what} file: {reason}") from None
+    text = read_user_file(path, what=f"{what} file", max_bytes=max_bytes, error=error)
     allowed = f"allowed: {', '.join(model.model_fields)}"
-    rows: list[tuple[int, M]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    num_rows = 0
+    for number, line in enumerate(_lines(text), start=1):
+        if number > max_lines:
+            raise error(f"{path} has more than {max_lines:,} lines, the limit of a {what} file")
         if not line.strip():
             continue
         where = f"{path}:{number}"
@@ -87,11 +98,24 @@ def read_jsonl(
         if not isinstance(raw, dict):
             raise error(f"{where}: expected a JSON object; got {_json_type(raw)}")
         try:
-            rows.append((number, model.model_validate(raw)))
+            row = model.model_validate(raw)
         except ValidationError as exc:
             found = exc.errors()[:MAX_ERRORS]
             lines = [format_validation_error(e, unknown_hint=allowed) for e in found]
             raise error(f"{where}: " + "; ".join(lines)) from None
-    if not rows:
+        num_rows += 1
+        yield number, row
+    if not num_rows:
         raise error(f"{path}: {what} file is empty (expected one JSON object per line)")
-    return rows
+
+
+def _lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` split at ``\\n`` (a ``\\r`` before it is JSON whitespace), one
+    at a time: no list of copies of a file of hundreds of MiB."""
+    start, end = 0, len(text)
+    while start < end:
+        stop = text.find("\n", start)
+        if stop < 0:
+            stop = end
+        yield text[start:stop]
+        start = stop + 1

@@ -40,6 +40,7 @@ from meridian.bench.ab import (
 from meridian.bench.effects import same_forcing_baselines
 from meridian.bench.offered import OfferedLoad
 from meridian.bench.summary import PolicySummary, Sig6, SloSpec
+from meridian.config.files import MIB, read_user_file
 from meridian.errors import MeridianError
 
 CANDIDATE = "meridian"
@@ -249,12 +250,16 @@ def to_json(model: BaseModel) -> str:
     return json.dumps(model.model_dump(mode="json"), sort_keys=True, indent=2) + "\n"
 
 
+# A report holds summaries, not per-request data: a few hundred KiB for a sweep.
+MAX_REPORT_BYTES = 64 * MIB
+
+
 def load_report(path: Path, kind: type[M]) -> M:
-    """Read a report written by ``write_*`` back into its model (schema-checked)."""
+    """Read a report written by ``write_*`` back into its model (schema-checked; read bounded:
+    a report is at most :data:`MAX_REPORT_BYTES`)."""
+    text = read_user_file(path, what="report", max_bytes=MAX_REPORT_BYTES)
     try:
-        return kind.model_validate_json(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise MeridianError(f"cannot read report {path}: {exc.strerror}") from exc
+        return kind.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])

@@ -40,6 +40,11 @@ from meridian.sim.streams import (
 )
 
 ENGINES = ("vllm", "model")
+# The most KV blocks one run simulates, over all its replicas: both engines hold an object a block
+# (vLLM's block pool about 130 bytes, the fast engine's free queue about 120), so 2**22 blocks take
+# about half a GiB and seconds to build. An 8B model's KV at 16 tokens a block fills 2**22 blocks
+# with 9.9 TB, four times the HBM of the largest single node today (2.3 TB).
+MAX_SIM_KV_BLOCKS = 2**22
 CANDIDATE = "meridian"
 # The static caps of the forcing table (besides the matched one).
 STATIC_CAP_SWEEP = (1024, 2048, 4096, 8192)
@@ -122,10 +127,12 @@ def step_model_for(spec: SimRunSpec) -> StepTimeModel:
     return RooflineStepTime(hardware_preset(spec.hardware), model_preset(spec.model))
 
 
-def engine_config_for(spec: SimRunSpec) -> EngineConfig:
+def engine_config_for(spec: SimRunSpec, replicas: int = 1) -> EngineConfig:
     """The engine's shape at vLLM's defaults for the hardware (unless overridden). The KV cache:
     ``kv_memory.capacity_bytes``, or "auto" = vLLM's ``gpu_memory_utilization`` of the device's
-    memory minus the model's weights (activation memory is not taken out: an assumption)."""
+    memory minus the model's weights (activation memory is not taken out: an assumption).
+    Raises :class:`ConfigError` when ``replicas`` engines of this shape would hold more than
+    :data:`MAX_SIM_KV_BLOCKS` blocks."""
     hw, model = hardware_preset(spec.hardware), model_preset(spec.model)
     defaults = vllm_defaults(spec.hardware)
     kv = spec.config.kv_memory
@@ -145,6 +152,14 @@ def engine_config_for(spec: SimRunSpec) -> EngineConfig:
             f"kv_memory.capacity_bytes ({capacity}) holds fewer than 2 blocks of "
             f"kv_memory.block_size_tokens ({kv.block_size_tokens}) tokens of {model.name} "
             f"({block_bytes} bytes each)"
+        )
+    if num_blocks * replicas > MAX_SIM_KV_BLOCKS:
+        each = f" on each of {replicas} replicas" if replicas > 1 else ""
+        raise ConfigError(
+            f"kv_memory.capacity_bytes ({capacity}) makes {num_blocks:,} KV blocks of "
+            f"kv_memory.block_size_tokens ({kv.block_size_tokens}) tokens of {model.name}{each}; "
+            f"the simulator holds at most {MAX_SIM_KV_BLOCKS:,} blocks in all (an object each): "
+            "lower capacity_bytes or raise block_size_tokens"
         )
     offload_blocks = 0
     if spec.kv_offload_gib is not None:
@@ -284,17 +299,22 @@ def run_parameters(spec: SimRunSpec, engine_config: EngineConfig) -> dict[str, o
 
 
 def prepare_run(
-    spec: SimRunSpec, arrival_rate: float, requests: Sequence[RequestSpec] | None
+    spec: SimRunSpec,
+    arrival_rate: float,
+    requests: Sequence[RequestSpec] | None,
+    replicas: int = 1,
 ) -> tuple[Sequence[RequestSpec], StreamSet, EngineConfig, StepTimeModel]:
     """What every policy of a run shares: its requests (generated unless given), their streams,
-    the engine's configuration and the step-time model (a --step-time-csv is read and fitted
-    once, not once per policy)."""
+    the engine's configuration (checked for ``replicas`` engines, before any work) and the
+    step-time model (a --step-time-csv is read and fitted once, not once per policy)."""
+    engine_config = engine_config_for(spec, replicas)
+    step_model = step_model_for(spec)
     if requests is None:
         requests = load_requests(spec, arrival_rate)
     if not requests:
         raise MeridianError("the workload has no requests; raise --duration-s or --arrival-rate")
     streams = StreamSet(requests, spec.config)
-    return requests, streams, engine_config_for(spec), step_model_for(spec)
+    return requests, streams, engine_config, step_model
 
 
 def simulate(

@@ -5,8 +5,9 @@ One JSON object per line::
     {"id": "r000000", "arrival_s": 0.125, "prompt_tokens": 161, "think_tokens": 2048,
      "answer_tokens": 220, "settle_token": 1200, "entropy": [0.41, 0.38, ...]}
 
-Required: ``arrival_s`` (seconds from the start of the run, a number >= 0), ``prompt_tokens``
-(integer >= 1), ``think_tokens`` (integer >= 0), ``answer_tokens`` (integer >= 1). Optional:
+Required: ``arrival_s`` (seconds from the start of the run, a number in ``[0, 604800]``: a week
+at most), ``prompt_tokens`` (integer >= 1), ``think_tokens`` (integer >= 0), ``answer_tokens``
+(integer >= 1), the three together at most 131,072 (the simulated model's context). Optional:
 ``id`` (string, unique; default ``"r%06d"`` of the record's position in the file), ``entropy``
 (one finite number >= 0 per think token, nats), ``settle_token`` (integer in
 ``[0, think_tokens]``). A request with ``think_tokens > 0`` is a reasoning request, one with 0 a
@@ -17,6 +18,10 @@ Arrival times are stored in seconds and converted to integer nanoseconds
 (``round(arrival_s * 1e9)``); a time written by :func:`write_trace` reads back to the same
 nanosecond. Entropy values are written with 9 significant digits, which reads back to the same
 float32.
+
+A trace file is read bounded: a regular file of at most 256 MiB and 1,000,000 lines (the most
+requests a bundled workload generates), so a wrong path (``/dev/zero``, a FIFO) or a runaway file
+is one error, not a hang.
 """
 
 from __future__ import annotations
@@ -30,12 +35,19 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, Strict, StrictInt, model_validator
 
 from meridian.bench.jsonl import FiniteNonNegative, NonEmptyText, read_jsonl
+from meridian.bench.workloads import MAX_DURATION_S, MAX_EXPECTED_REQUESTS
+from meridian.config.files import MIB
 from meridian.errors import MeridianError
-from meridian.sim.request import RequestKind, RequestSpec
+from meridian.sim.request import MAX_REQUEST_TOKENS, RequestKind, RequestSpec
 
 __all__ = ["TraceError", "TraceLine", "read_trace", "write_trace"]
 
 NS_PER_S = 1_000_000_000
+# A trace of 1,000,000 requests without entropies is about 100 MiB; with per-token entropies (10
+# bytes a think token) 256 MiB holds about 25 million think tokens. Parsed, a trace takes a few
+# times its size in memory.
+MAX_TRACE_BYTES = 256 * MIB
+_Tokens = Annotated[StrictInt, Field(le=MAX_REQUEST_TOKENS)]
 
 
 class TraceError(MeridianError):
@@ -45,7 +57,8 @@ class TraceError(MeridianError):
 def write_trace(path: str | Path, requests: Iterable[RequestSpec]) -> None:
     """Write ``requests`` to ``path`` as JSONL, one line per request, in the given order.
 
-    ``entropy`` and ``settle_token`` are written when the spec has them. Raises
+    ``entropy`` and ``settle_token`` are written when the spec has them; missing parent folders
+    are created. Raises
     :class:`TraceError` when the file cannot be written or an entropy value is not finite.
     """
     target = Path(path)
@@ -78,6 +91,7 @@ def write_trace(path: str | Path, requests: Iterable[RequestSpec]) -> None:
             line = f'{line[:-1]},"entropy":[{body}]}}'
         lines.append(line)
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         with target.open("w", encoding="utf-8") as out:
             for line in lines:
                 out.write(line)
@@ -91,10 +105,10 @@ class TraceLine(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    arrival_s: FiniteNonNegative
-    prompt_tokens: Annotated[StrictInt, Field(ge=1)]
-    think_tokens: Annotated[StrictInt, Field(ge=0)]
-    answer_tokens: Annotated[StrictInt, Field(ge=1)]
+    arrival_s: Annotated[FiniteNonNegative, Field(le=MAX_DURATION_S)]
+    prompt_tokens: Annotated[_Tokens, Field(ge=1)]
+    think_tokens: Annotated[_Tokens, Field(ge=0)]
+    answer_tokens: Annotated[_Tokens, Field(ge=1)]
     id: NonEmptyText | None = None
     # Strict: a boolean or a numeric string is not an entropy. Finiteness and sign are checked
     # below over the whole array at once (a trace holds thousands of values per request).
@@ -104,6 +118,12 @@ class TraceLine(BaseModel):
     @model_validator(mode="after")
     def _fits_think_tokens(self) -> TraceLine:
         think = self.think_tokens
+        total = self.prompt_tokens + think + self.answer_tokens
+        if total > MAX_REQUEST_TOKENS:
+            raise ValueError(
+                f"prompt_tokens + think_tokens + answer_tokens must be at most "
+                f"{MAX_REQUEST_TOKENS:,} (the simulated model's context); got {total:,}"
+            )
         if self.entropy is not None:
             if len(self.entropy) != think:
                 raise ValueError(
@@ -153,7 +173,15 @@ def read_trace(path: str | Path) -> list[RequestSpec]:
     source = Path(path)
     specs: list[RequestSpec] = []
     first_line_of: dict[str, int] = {}
-    for lineno, line in read_jsonl(source, TraceLine, TraceError, what="trace"):
+    lines = read_jsonl(
+        source,
+        TraceLine,
+        TraceError,
+        what="trace",
+        max_bytes=MAX_TRACE_BYTES,
+        max_lines=MAX_EXPECTED_REQUESTS,
+    )
+    for lineno, line in lines:
         spec = line.spec(default_id=f"r{len(specs):06d}")
         if spec.request_id in first_line_of:
             raise TraceError(

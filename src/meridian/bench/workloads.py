@@ -45,6 +45,7 @@ from meridian.sim.request import RequestKind, RequestSpec
 
 __all__ = [
     "DEFAULT_DURATION_S",
+    "MAX_DURATION_S",
     "MAX_EXPECTED_REQUESTS",
     "SERVEGEN",
     "SERVEGEN_DURATION_S",
@@ -77,6 +78,9 @@ DEFAULT_DURATION_S = 30.0
 SERVEGEN_DURATION_S = 600.0
 # A guard against a typo such as a rate of 1e6 exhausting memory: rate * duration above this.
 MAX_EXPECTED_REQUESTS = 1_000_000
+# The longest run: a week of arrivals (servegen-r1 walks its source's day window by window, so its
+# work grows with the duration at any rate; arrival times stay far inside int64 nanoseconds).
+MAX_DURATION_S = 7 * 24 * 3600.0
 NS_PER_S = 1_000_000_000
 
 IntArray = npt.NDArray[np.int64]
@@ -203,6 +207,10 @@ class WorkloadParams:
                 raise WorkloadError(f"{name} must be a number; got {value!r}")
             if not (math.isfinite(value) and value > 0):
                 raise WorkloadError(f"{name} must be a finite number > 0; got {value}")
+        if self.duration_s > MAX_DURATION_S:
+            raise WorkloadError(
+                f"duration_s must be at most {MAX_DURATION_S:g} (a week); got {self.duration_s:g}"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise WorkloadError(f"seed must be an integer >= 0; got {self.seed!r}")
         expected = self.arrival_rate * self.duration_s

@@ -7,6 +7,7 @@ one line (``error: ...``) with exit code 2, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -36,8 +37,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``meridian`` console script."""
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the ``meridian`` console script.
+
+    A reader that closes stdout early (``meridian config check | head -1``) ends the command
+    quietly with status 141, as a program killed by SIGPIPE reports in the shell: the rest of
+    the output, and Python's flush at exit, go to /dev/null instead of a BrokenPipeError.
+    """
+    try:
+        code = _run(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at interpreter exit
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+# 128 + SIGPIPE: what the shell reports for a program the closed pipe stopped.
+EXIT_BROKEN_PIPE = 141
+
+
+def _run(args_list: list[str]) -> int:
     if args_list[:1] == ["serve"]:
         from meridian.cli import serve_cmd
 

@@ -15,7 +15,7 @@ from meridian.bench.fidelity import TARGETS as FIDELITY_TARGETS
 from meridian.bench.plots import write_plots, write_sweep_plots
 from meridian.bench.report import SimReport, ab_baselines, build_ab_report, build_sweep_report
 from meridian.bench.report_render import write_ab_report, write_report, write_sweep_report
-from meridian.bench.simrun import ENGINES, load_requests, simulate
+from meridian.bench.simrun import ENGINES, engine_config_for, load_requests, simulate
 from meridian.bench.summary import SloSpec
 from meridian.bench.traces import write_trace
 from meridian.bench.workloads import (
@@ -30,6 +30,8 @@ from meridian.cli.common import (
     ASYNC_SCHEDULING,
     add_server_args,
     check_args,
+    check_out_dir,
+    check_out_file,
     hide_vllm_logs,
     make_console,
     make_progress,
@@ -46,6 +48,7 @@ from meridian.config import load_config
 from meridian.errors import MeridianError
 from meridian.sim.presets import HARDWARE, MODELS
 from meridian.sim.records import SimResult
+from meridian.sim.steptime.fitted import check_csv_file
 
 DEFAULT_OUT_DIR = Path("meridian-out") / "sim"
 DURATION_HELP = (
@@ -58,6 +61,10 @@ _DEFAULT_SLO = SloSpec()
 # and every scheduler is the same, so the screen would show only forcing.
 DEFAULT_RATE = 16.0
 SIM_DEFAULT_DURATION_S = 60.0
+# SLO bounds: an hour between two answer tokens (as scheduler.output_tpot_budget_ms), a day of
+# base wait before the first one (a larger one is no SLO; an infinite one overflows the ns clock).
+MAX_ITL_SLO_MS = 3_600_000.0
+MAX_TTFVT_SLO_BASE_S = 86_400.0
 
 
 def register(commands: Any) -> None:
@@ -310,8 +317,10 @@ def run_sim(args: argparse.Namespace) -> int:
         args.duration_s = SIM_DEFAULT_DURATION_S
     check_args(args)
     rates = _rates(args.arrival_rate)
-    ttfvt_base_s = positive_number("--ttfvt-slo-base-s", args.ttfvt_slo_base_s)
-    itl_ms = positive_number("--output-itl-slo-ms", args.output_itl_slo_ms)
+    ttfvt_base_s = positive_number(
+        "--ttfvt-slo-base-s", args.ttfvt_slo_base_s, MAX_TTFVT_SLO_BASE_S
+    )
+    itl_ms = positive_number("--output-itl-slo-ms", args.output_itl_slo_ms, MAX_ITL_SLO_MS)
     config = load_config(args.config).config
     slo = SloSpec.from_scheduler(
         config.scheduler, ttfvt_base_s=ttfvt_base_s, output_itl_s=itl_ms / 1000
@@ -325,6 +334,15 @@ def run_sim(args: argparse.Namespace) -> int:
         step_time_csv=args.step_time_csv,
     )
     require_vllm(spec.engine)
+    cluster = cluster_spec(args)
+    # Everything a run reads or writes is checked before the first request is generated: the
+    # KV cache's size, the step-time CSV, the output folder and the trace file.
+    engine_config_for(spec, 1 if cluster is None else cluster.replicas)
+    if args.step_time_csv is not None:
+        check_csv_file(args.step_time_csv)
+    check_out_dir(args.out_dir)
+    if args.export_trace is not None:
+        check_out_file(args.export_trace, "--export-trace")
     if not args.verbose:
         hide_vllm_logs()
     console, screen = make_console(), make_screen()
@@ -332,7 +350,6 @@ def run_sim(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     reports: list[SimReport] = []
     written: list[Path] = []
-    cluster = cluster_spec(args)
     if cluster is not None:
         written = run_cluster_sim(args, spec, cluster, rates, console)
         rates = []  # done

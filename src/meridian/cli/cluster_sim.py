@@ -19,7 +19,6 @@ from meridian.bench.report import SimReport, build_sweep_report
 from meridian.bench.report_render import write_report, write_sweep_report
 from meridian.bench.simrun import SimRunSpec, StreamSet, load_requests
 from meridian.cli.common import make_progress, print_summary
-from meridian.errors import MeridianError
 from meridian.sim.routers import ROUTERS, parse_routers
 
 __all__ = ["add_cluster_args", "cluster_spec", "fidelity_rows", "run_cluster_sim"]
@@ -51,8 +50,6 @@ def cluster_spec(args: argparse.Namespace) -> ClusterSpec | None:
     """The cluster the arguments ask for (``None``: one engine, no router)."""
     if args.replicas == 1 and not args.router:
         return None
-    if args.replicas < 1:
-        raise MeridianError(f"--replicas must be >= 1; got {args.replicas}")
     routers = parse_routers(args.router or "meridian")
     return ClusterSpec(replicas=args.replicas, routers=routers, stats_period_s=args.stats_period_s)
 

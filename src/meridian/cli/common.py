@@ -8,6 +8,7 @@ import importlib.util
 import logging
 import math
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from meridian.bench.report import SimReport
 from meridian.bench.report_render import fmt, losses_of
 from meridian.bench.simrun import SimRunSpec
 from meridian.bench.summary import PolicySummary
-from meridian.bench.workloads import default_duration_s, is_bundled
+from meridian.bench.workloads import MAX_DURATION_S, default_duration_s, is_bundled
 from meridian.errors import MeridianError
 from meridian.sim.policies import parse_policies
 
@@ -56,8 +57,11 @@ def check_workload_args(args: argparse.Namespace) -> None:
     """Check the workload arguments; an unset ``--duration-s`` becomes the workload's default."""
     if args.duration_s is None:
         args.duration_s = default_duration_s(args.workload)
-    if not args.duration_s > 0:
-        raise MeridianError(f"--duration-s must be > 0; got {args.duration_s}")
+    if not 0 < args.duration_s <= MAX_DURATION_S:
+        raise MeridianError(
+            f"--duration-s must be in (0, {MAX_DURATION_S:,.0f}] seconds (a week); "
+            f"got {args.duration_s:g}"
+        )
     if args.seed < 0:
         raise MeridianError(f"--seed must be >= 0; got {args.seed}")
 
@@ -180,28 +184,57 @@ def hide_vllm_logs() -> None:
 
 
 def check_out_dir(path: Path, flag: str = "--out-dir") -> None:
-    """Fail before any work when ``path`` cannot become the output folder: it, or the first of
-    its parents that exists, is not a directory, or that directory is not writable."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        what = "is" if existing == path else f"cannot be created: {existing} is"
-        raise MeridianError(f"{flag} {path} {what} not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise MeridianError(f"{flag} {path}: {existing} is not writable")
+    """Make ``path`` the output folder now, before any work: create it (and its parents) and
+    write a scratch file in it, so that a path that cannot be created (``/proc/nope``), a file
+    in its place or a folder that cannot be written is one error naming ``flag``, not a
+    traceback after the run."""
+    if path.exists() and not path.is_dir():
+        raise MeridianError(f"{flag} {path} is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise MeridianError(
+            f"{flag} {path} cannot be created: {_first_non_directory(path)} is not a directory"
+        ) from None
+    except OSError as exc:
+        raise MeridianError(f"{flag} {path} cannot be created: {exc.strerror or exc}") from None
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise MeridianError(f"{flag} {path} is not writable: {exc.strerror or exc}") from None
 
 
-def positive_number(flag: str, value: float) -> float:
-    """``value`` when it is a finite number above 0; else a one-line error naming ``flag``."""
-    if not (math.isfinite(value) and value > 0):
-        raise MeridianError(f"{flag} must be a number > 0; got {value:g}")
+def check_out_file(path: Path, flag: str) -> None:
+    """An output file such as ``--export-trace``: its folder is made now (``check_out_dir``),
+    and the path itself must not be a folder."""
+    if path.is_dir():
+        raise MeridianError(f"{flag} {path} is a directory; give a file name")
+    check_out_dir(path.parent, flag=f"{flag} {path}: folder")
+
+
+def _first_non_directory(path: Path) -> Path:
+    """The first of ``path`` and its parents, from the root down, that exists and is not a
+    directory (what stopped ``mkdir``)."""
+    for part in reversed([path, *path.parents]):
+        if part.exists() and not part.is_dir():
+            return part
+    return path
+
+
+def positive_number(flag: str, value: float, maximum: float = math.inf) -> float:
+    """``value`` when it is a finite number in (0, ``maximum``]; else a one-line error naming
+    ``flag``."""
+    if not (math.isfinite(value) and 0 < value <= maximum):
+        bound = "> 0" if maximum == math.inf else f"in (0, {maximum:,.0f}]"
+        raise MeridianError(f"{flag} must be a number {bound}; got {value:g}")
     return value
 
 
 def check_args(args: argparse.Namespace) -> None:
+    """The workload and engine-shape arguments of ``bench sim`` and ``bench fidelity`` (the
+    output folder is checked last, by the command, once everything else is known to be fine)."""
     check_workload_args(args)
-    check_out_dir(args.out_dir)
     for flag in ("max_num_seqs", "max_num_batched_tokens"):
         value = getattr(args, flag)
         if value is not None and value < 1:

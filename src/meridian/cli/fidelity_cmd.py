@@ -31,6 +31,7 @@ from meridian.bench.simrun import (
 from meridian.cli.cluster_sim import cluster_spec, fidelity_rows
 from meridian.cli.common import (
     check_args,
+    check_out_dir,
     check_workload_args,
     make_console,
     make_progress,
@@ -47,14 +48,16 @@ def run_fidelity_cmd(args: argparse.Namespace) -> int:
     check_args(args)
     positive_number("--arrival-rate", args.arrival_rate)
     spec = run_spec(args, load_config(args.config).config, engine="vllm", async_scheduling=False)
+    cluster = cluster_spec(args)
+    engine_config = engine_config_for(spec, 1 if cluster is None else cluster.replicas)
+    check_out_dir(args.out_dir)
     require_vllm("vllm")
     requests = load_requests(spec, args.arrival_rate)
     streams = StreamSet(requests, spec.config)
-    engine_config, step_model = engine_config_for(spec), step_model_for(spec)
+    step_model = step_model_for(spec)
     console = make_console()
     rows = []
     async_rows = []
-    cluster = cluster_spec(args)
     with make_progress(console) as progress:
         if cluster is not None:
             shape = {"engine_config": engine_config, "step_model": step_model}

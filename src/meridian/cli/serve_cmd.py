@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from meridian.cli.common import positive_gib
+from meridian.cli.common import check_out_file, positive_gib
 from meridian.errors import MeridianError
 
 USAGE = (
@@ -64,6 +64,8 @@ def main(argv: Sequence[str]) -> int:
     args, vllm_args = build_parser().parse_known_args(list(argv))
     if vllm_args[:1] == ["--"]:
         vllm_args = vllm_args[1:]
+    if args.step_log is not None:
+        check_out_file(args.step_log, "--step-log")
     from meridian.vllm.doctor import Status, run_checks
 
     print("meridian serve: checking (as meridian doctor does) ...", flush=True)

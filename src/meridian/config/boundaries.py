@@ -15,7 +15,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from meridian.config.files import MIB, read_user_file
 from meridian.errors import BoundaryError
+
+# The longest think marker: markers are a special token or a short prose line (Granite's "Here is
+# my thought process:", gpt-oss's six-token channel switch); a forced think_end is emitted whole,
+# a decode step a token, so its length is bounded like scheduler.force_transition_phrase's.
+MAX_MARKER_CHARS = 256
+MAX_MARKER_TOKENS = 64
 
 
 class ModelDefinition(BaseModel):
@@ -23,13 +30,25 @@ class ModelDefinition(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    think_start: str = Field(description="String that opens the think phase, e.g. <think>.")
-    think_end: str = Field(description="String that closes the think phase, e.g. </think>.")
+    think_start: str = Field(
+        description="String that opens the think phase, e.g. <think>.",
+        max_length=MAX_MARKER_CHARS,
+    )
+    think_end: str = Field(
+        description="String that closes the think phase, e.g. </think> (forced whole when the "
+        f"budget fires; at most {MAX_MARKER_CHARS} characters, as think_start).",
+        max_length=MAX_MARKER_CHARS,
+    )
     think_start_token_ids: list[int] | None = Field(
-        default=None, description="Expected token-id sequence of think_start (a cross-check)."
+        default=None,
+        description="Expected token-id sequence of think_start (a cross-check; at most "
+        f"{MAX_MARKER_TOKENS} ids, as think_end_token_ids).",
+        max_length=MAX_MARKER_TOKENS,
     )
     think_end_token_ids: list[int] | None = Field(
-        default=None, description="Expected token-id sequence of think_end (a cross-check)."
+        default=None,
+        description="Expected token-id sequence of think_end (a cross-check).",
+        max_length=MAX_MARKER_TOKENS,
     )
     reasoning_parser: str = Field(description="vLLM reasoning parser, e.g. deepseek_r1, qwen3.")
     supports_think_disable: bool = Field(
@@ -79,6 +98,8 @@ class ModelDefinition(BaseModel):
         return self
 
 
+# The largest tokenizer.json in use is tens of MiB (gpt-oss's o200k: 27 MiB).
+MAX_TOKENIZER_BYTES = 128 * MIB
 # Token ids are int32 in vLLM's sampler and in every tokenizer vocabulary in use.
 MAX_TOKEN_ID = 2**31 - 1
 
@@ -242,20 +263,27 @@ class TokenizerJsonVocab:
     def from_dir(cls, directory: Path) -> TokenizerJsonVocab:
         """Read ``directory/tokenizer.json`` (its model vocab and added tokens)."""
         path = directory / "tokenizer.json" if directory.is_dir() else directory
+        text = read_user_file(
+            path, what="tokenizer.json", max_bytes=MAX_TOKENIZER_BYTES, error=BoundaryError
+        )
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise BoundaryError(f"--tokenizer: no tokenizer.json at {path}") from None
-        except (OSError, json.JSONDecodeError) as exc:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise BoundaryError(f"--tokenizer: cannot read {path}: {exc}") from None
         vocab: dict[str, int] = {}
-        model_vocab = data.get("model", {}).get("vocab", {})
-        if isinstance(model_vocab, dict):
-            vocab.update({str(k): int(v) for k, v in model_vocab.items()})
-        elif isinstance(model_vocab, list):  # unigram: [[piece, score], ...]
-            vocab.update({str(p[0]): i for i, p in enumerate(model_vocab)})
-        for tok in data.get("added_tokens", []):
-            vocab[str(tok["content"])] = int(tok["id"])
+        try:
+            model_vocab = data.get("model", {}).get("vocab", {})
+            if isinstance(model_vocab, dict):
+                vocab.update({str(k): int(v) for k, v in model_vocab.items()})
+            elif isinstance(model_vocab, list):  # unigram: [[piece, score], ...]
+                vocab.update({str(p[0]): i for i, p in enumerate(model_vocab)})
+            for tok in data.get("added_tokens", []):
+                vocab[str(tok["content"])] = int(tok["id"])
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BoundaryError(
+                f"--tokenizer: {path} is not a Hugging Face tokenizer.json ({type(exc).__name__}: "
+                f"{exc})"
+            ) from None
         return cls(vocab)
 
     def get_vocab(self) -> Mapping[str, int]:

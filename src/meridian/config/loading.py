@@ -12,10 +12,13 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from meridian.config.boundaries import BUNDLED_MODELS
+from meridian.config.files import MIB, read_user_file
 from meridian.config.schema import MeridianConfig
 from meridian.errors import ConfigError
 
 CONFIG_FILE_NAME = "meridian.toml"
+# A config is a few KiB; a megabyte of TOML is a mistake (or /dev/zero), not a config.
+MAX_CONFIG_BYTES = MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,25 +42,24 @@ def load_config(
     """Load the config from ``path``, else the first search path that exists, else defaults.
 
     A file only overrides the fields it names. Raises :class:`ConfigError` for a missing
-    explicit file, malformed TOML (with file, line and column) or invalid values (dotted path).
+    explicit file, a path that is not a regular file (a directory, a device, a FIFO: named as
+    what it is), one over :data:`MAX_CONFIG_BYTES`, malformed TOML (with file, line and column)
+    or invalid values (dotted path). A search path that exists but is not a readable config
+    file is an error too, not skipped.
     """
     if path is not None:
         explicit = Path(path)
-        if not explicit.is_file():
-            raise ConfigError(f"config file not found: {explicit}")
         return LoadedConfig(parse_config_file(explicit), explicit)
     for candidate in search_paths(cwd, home):
-        if candidate.is_file():
+        if candidate.exists() or candidate.is_symlink():
             return LoadedConfig(parse_config_file(candidate), candidate)
     return LoadedConfig(MeridianConfig(), None)
 
 
 def parse_config_file(path: Path) -> MeridianConfig:
-    """Parse and validate one TOML file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config file: {exc}") from None
+    """Parse and validate one TOML file (read bounded: :func:`~meridian.config.files.
+    read_user_file`)."""
+    text = read_user_file(path, what="config file", max_bytes=MAX_CONFIG_BYTES, error=ConfigError)
     return parse_config_text(text, source=str(path))
 
 
@@ -149,5 +151,23 @@ def format_validation_error(
         # Cross-field (model validator) errors name their field and value; loc is the section.
         return f"{path}.{msg}" if path else msg
     if kind == "value_error":
-        return f"{path} {msg}; got {value!r}"
-    return f"{path}: {msg[0].lower() + msg[1:] if msg else msg}; got {value!r}"
+        return f"{path} {msg}; got {shown(value)}"
+    return f"{path}: {msg[0].lower() + msg[1:] if msg else msg}; got {shown(value)}"
+
+
+# The most of a bad value an error line shows.
+SHOWN_CHARS = 80
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_CHARS` with its length when longer (a 3,000-character
+    string in a config stays a one-line error).
+
+    >>> shown("x" * 500)[-20:], len(shown("x" * 500))
+    ('xxxxx... (500 chars)', 95)
+    """
+    text = repr(value)
+    if len(text) <= SHOWN_CHARS:
+        return text
+    size = f"{len(value):,} chars" if isinstance(value, str) else f"{len(text):,} chars as text"
+    return f"{text[:SHOWN_CHARS]}... ({size})"

@@ -25,6 +25,19 @@ MAX_THINK_TOKENS = 2**31 - 1
 # The largest KV block Meridian accepts, in tokens (vLLM's default is 16 on GPUs, 128 on CPUs;
 # a block of 65,536 tokens of an 8B model is about 10 GB, more than a tenth of an H100).
 MAX_BLOCK_SIZE_TOKENS = 2**16
+# The largest KV cache Meridian accepts, in bytes: 4 TiB (4.4 TB). The largest single node today
+# holds 8 x 288 GB = 2.3 TB of HBM (8 B300s, or 8 MI355Xs), weights included; 4 TiB leaves a margin
+# of almost 2x. The simulator allocates per block (and vLLM's block pool a Python object each).
+MAX_CAPACITY_BYTES = 2**42
+# The longest RPDI window, in tokens: each thinking request holds a ring of one byte per window
+# token, and RPDI fires only after two windows of chain, 131,072 think tokens at this bound, as
+# long as the longest served contexts (128 Ki tokens) of reasoning models.
+MAX_RPDI_WINDOW_TOKENS = 2**16
+# The longest transition phrase, in characters: it is forced whole, one decode step a token,
+# before `</think>` on every forced request, and spent from the request's max_tokens (with a
+# tokenizer, ``meridian serve`` bounds it in tokens too: MAX_TRANSITION_TOKENS in
+# meridian.vllm.runtime). A sentence such as vLLM's reasoning_end_str takes under 100.
+MAX_TRANSITION_PHRASE_CHARS = 256
 
 
 def _num(x: float) -> str:
@@ -60,10 +73,11 @@ _GE1_V, _GE1 = _interval(1, None, lo_open=False, hi_open=True)
 _GT1_V, _GT1 = _interval(1, None, lo_open=True, hi_open=True)
 _UNIT_OC_V, _UNIT_OC = _interval(0, 1, lo_open=True, hi_open=False)
 _U64_V, _U64 = _interval(0, None, lo_open=False, hi_open=True)
-_U64P_V, _U64P = _interval(1, None, lo_open=False, hi_open=True)
 _U32P_V, _U32P = _interval(1, U32_MAX, lo_open=False, hi_open=False)
 _THINK_CAP_V, _ = _interval(1, MAX_THINK_TOKENS, lo_open=False, hi_open=False)
 _BLOCK_V, _BLOCK = _interval(1, MAX_BLOCK_SIZE_TOKENS, lo_open=False, hi_open=False)
+_BLOCK_BYTES_V, _BLOCK_BYTES = _interval(1, MAX_CAPACITY_BYTES // 2, lo_open=False, hi_open=False)
+_RPDI_WINDOW_V, _RPDI_WINDOW = _interval(1, MAX_RPDI_WINDOW_TOKENS, lo_open=False, hi_open=False)
 _PACE_V, _PACE = _interval(0, 10_000, lo_open=False, hi_open=False)
 # Latency budgets in ms: a microsecond to an hour (a denormal budget rounds to 0 s).
 _BUDGET_MS_V, _BUDGET_MS = _interval(0.001, 3_600_000, lo_open=False, hi_open=False)
@@ -77,19 +91,25 @@ AtLeastOneFloat = Annotated[float, _GE1_V]
 AboveOneFloat = Annotated[float, _GT1_V]
 UnitOpenClosed = Annotated[float, _UNIT_OC_V]
 U64 = Annotated[int, _U64_V]
-PosU64 = Annotated[int, _U64P_V]
 PosU32 = Annotated[int, _U32P_V]
 ThinkCap = Annotated[int, _THINK_CAP_V]
 BlockTokens = Annotated[int, _BLOCK_V]
+BlockBytes = Annotated[int, _BLOCK_BYTES_V]
+RpdiWindow = Annotated[int, _RPDI_WINDOW_V]
 
 
-def _auto_or_int(minimum: int, message: str) -> PlainValidator:
-    """A validator for ``"auto"`` or an integer (not a bool) of at least ``minimum``."""
+def _auto_or_int(minimum: int, message: str, maximum: int | None = None) -> PlainValidator:
+    """A validator for ``"auto"`` or an integer (not a bool) in ``[minimum, maximum]``."""
 
     def check(value: object) -> int | Literal["auto"]:
         if value == "auto":
             return "auto"
-        if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and value >= minimum
+            and (maximum is None or value <= maximum)
+        ):
             return value
         raise ValueError(message)
 
@@ -97,7 +117,13 @@ def _auto_or_int(minimum: int, message: str) -> PlainValidator:
 
 
 CapacityBytes = Annotated[
-    int | Literal["auto"], _auto_or_int(1, 'must be a positive number of bytes or "auto"')
+    int | Literal["auto"],
+    _auto_or_int(
+        1,
+        f'must be "auto" or a number of bytes in [1, {MAX_CAPACITY_BYTES}] (4 TiB: the largest '
+        "single node today holds 2.3 TB of HBM)",
+        MAX_CAPACITY_BYTES,
+    ),
 ]
 BudgetRows = Annotated[
     int | Literal["auto"],
@@ -182,7 +208,12 @@ class SchedulerConfig(_Section):
         "Text forced before `</think>` when the budget fires (like vLLM's reasoning_end_str), "
         "so the answer starts from a closing sentence; it counts as think tokens. Empty: "
         "`</think>` alone. It must not contain a think marker of any model family (bundled or "
-        "`[model.NAME]`): Meridian adds the marker itself.",
+        "`[model.NAME]`): Meridian adds the marker itself. At most "
+        f"{MAX_TRANSITION_PHRASE_CHARS} characters (and, where the tokenizer is known, 64 "
+        "tokens): it is forced whole, a decode step a token, before every forced answer, and "
+        "spent from the request's max_tokens.",
+        f"at most {MAX_TRANSITION_PHRASE_CHARS} characters",
+        max_length=MAX_TRANSITION_PHRASE_CHARS,
     )
 
     @model_validator(mode="after")
@@ -213,8 +244,12 @@ class EntropyConfig(_Section):
     eat_min_distance: PosU32 | None = _field(
         None, "EAT samples before a convergence stop may fire; default ceil(2 / ema_alpha).", _U32P
     )
-    rpdi_window_tokens: PosU32 = _field(
-        256, "Recent window (tokens) of the RPDI ratio; it needs 2 windows of chain to fire.", _U32P
+    rpdi_window_tokens: RpdiWindow = _field(
+        256,
+        "Recent window (tokens) of the RPDI ratio; it needs 2 windows of chain to fire. At most "
+        f"{MAX_RPDI_WINDOW_TOKENS}: every thinking request holds a byte a window token, and a "
+        "longer window could fire only past the longest served contexts (128 Ki tokens).",
+        _RPDI_WINDOW,
     )
 
     @model_validator(mode="after")
@@ -238,13 +273,22 @@ class EntropyConfig(_Section):
 class KvMemoryConfig(_Section):
     """``[kv_memory]``: the KV cache's block shape and capacity."""
 
-    block_size_bytes: PosU64 = _field(16384, "Bytes of one KV block.", _U64P)
-    block_size_tokens: BlockTokens = _field(16, "Tokens of one KV block.", _BLOCK)
+    block_size_bytes: BlockBytes = _field(
+        16384, "Bytes of one KV block (two must fit the largest capacity_bytes).", _BLOCK_BYTES
+    )
+    block_size_tokens: BlockTokens = _field(
+        16,
+        "Tokens of one KV block (vLLM's default: 16 on GPUs, 128 on CPUs; at most 65536, a "
+        "block of 65,536 tokens of an 8B model is about 10 GB).",
+        _BLOCK,
+    )
     capacity_bytes: CapacityBytes = _field(
         "auto",
         "KV capacity in bytes, or \"auto\": 92% of the device's memory (vLLM's "
-        "gpu_memory_utilization default); the simulator takes the model's weights out.",
-        '"auto" or [2 x block_size_bytes, inf)',
+        "gpu_memory_utilization default); the simulator takes the model's weights out. At most "
+        f"{MAX_CAPACITY_BYTES} (4 TiB): the largest single node today holds 8 x 288 GB = 2.3 TB "
+        "of HBM (B300, MI355X), weights included; the margin is almost 2x.",
+        f'"auto" or [2 x block_size_bytes, {MAX_CAPACITY_BYTES}]',
     )
 
     @model_validator(mode="after")

@@ -106,6 +106,11 @@ class PolicyListener(Protocol):
         """A request's think phase ended now (its reasoning time with it) after
         ``num_think_tokens``; ``hard_cap``: at its hard cap, as the token stream tells."""
 
+    def force_cut_short(self, request_id: str) -> None:
+        """A request finished inside its hard-cap force: its max_tokens (or a stop) ran out
+        while the transition phrase or ``think_end`` was being forced, so its think phase never
+        ended; the force happened all the same (counted as one)."""
+
     def reasoning_started(self, request_id: str) -> None:
         """A request's first reasoning token arrived (its first generated token, or a generated
         ``think_start``); its reasoning lasts until the ``ExitThink`` event."""
@@ -124,8 +129,9 @@ class PolicyStats:
     ``max_answer_gap_steps`` is the largest number of steps between two consecutive answer
     tokens of one request (1 = a token every step): a preempted or held answer stream shows here
     as a stall. ``num_forced_inferred`` counts think phases that ended exactly at their hard cap
-    (plus the transition phrase): hard-cap forces as seen from the token stream (entropy-driven
-    forces are known only to the forcing logits processor). ``num_engine_order_steps`` counts
+    (plus the transition phrase), and requests that finished inside that force: hard-cap forces
+    as seen from the token stream (entropy-driven forces are known only to the forcing logits
+    processor). ``num_engine_order_steps`` counts
     the plans that kept the engine's order because no order could change the step.
     ``num_admissions_held`` counts the steps on which headroom admission held a waiting request
     back, ``num_bounded_holds`` those of them decided by the requests' bounds (prompt plus

@@ -164,6 +164,8 @@ class Tracker:
             answered.pop(request_id, None)
             if st is not None:
                 gone.append((st, num_output_tokens))
+                if st.phase is THINK and self._inside_force(st):
+                    self._on_force_cut_short(st)
         if not gone:
             return
         try:
@@ -407,6 +409,32 @@ class Tracker:
             if forced and listener.phase_events:
                 listener.phase_event(st.request_id, ForceBudget(st.request_id, HARD_CAP))
             listener.think_ended(st.request_id, event.think_tokens, forced)
+
+    def _inside_force(self, st: RequestState) -> bool:
+        """Whether a thinking request is inside its hard-cap force: once its reasoning reached
+        the cap, the transition phrase is forced, then ``think_end`` (a multi-token one is
+        counted as think tokens until it completes; a marker the model began at the cap is
+        completed without the phrase). So: past the cap by at most the phrase, not counting a
+        partial ``think_end``, or at the cap with ``think_end`` begun. (Where no forcing logits
+        processor runs, a request that thinks past its cap and stops within the phrase's length
+        of it would be taken for a forced one, as a think exit there is.)"""
+        if st.cap is None:
+            return False
+        base = max(st.cap, st.num_prompt_think_tokens)
+        thought = st.num_reasoning_tokens - st.marker_progress
+        return base < thought <= base + self.transition_len or (
+            thought == base and st.marker_progress > 0
+        )
+
+    def _on_force_cut_short(self, st: RequestState) -> None:
+        """A request finished inside its hard-cap force (:meth:`_inside_force`): counted as the
+        force it was, since no think exit will count it."""
+        self.stats.num_forced_inferred[HARD_CAP] += 1
+        listener = self.listener
+        if listener is not None:
+            if listener.phase_events:
+                listener.phase_event(st.request_id, ForceBudget(st.request_id, HARD_CAP))
+            listener.force_cut_short(st.request_id)
 
     # -- the bulk way ---------------------------------------------------------------------------
 

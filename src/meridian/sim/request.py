@@ -12,6 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+# The longest request (prompt plus think plus answer tokens) the simulator serves: the context of
+# its stand-in model (vLLM's engine refuses a longer one), 128 Ki tokens, as Qwen3's and
+# DeepSeek-R1's served context; a trace line over it is refused.
+MAX_REQUEST_TOKENS = 131_072
+
 
 class RequestKind(enum.Enum):
     """Chat requests have no think phase; reasoning requests think, then answer."""

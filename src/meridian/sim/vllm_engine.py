@@ -69,6 +69,7 @@ from meridian.sim.engine import EngineConfig, SimulationError
 from meridian.sim.offload import HostLink
 from meridian.sim.policies import PascalPolicy, PolicySpec, SchedulerKind
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
+from meridian.sim.request import MAX_REQUEST_TOKENS
 from meridian.sim.steptime import BatchShape, StepTimeModel
 from meridian.sim.streams import EOS_ID, SIM_FORMAT, Stream
 from meridian.vllm.resolve import stand_in_model
@@ -78,8 +79,8 @@ from meridian.vllm.serve import kv_offload_transfer_config
 from meridian.vllm.steplog import step_shape
 
 ENGINE_NAME = "vllm"
-# The model directory's context limit: longer than any simulated request.
-MAX_MODEL_LEN = 131072
+# The model directory's context limit: as long as any simulated request may be.
+MAX_MODEL_LEN = MAX_REQUEST_TOKENS
 OFFLOAD_SCHEDULER_LOGGER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 # Consecutive steps that schedule nothing, with nothing else to wait for: a deadlock.
 MAX_EMPTY_STEPS = 1000

@@ -13,19 +13,21 @@ hub if it needs it, as vLLM itself will). vLLM is imported only inside the check
 
 from __future__ import annotations
 
-import enum
 import ipaddress
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from meridian.config import LoadedConfig, load_config
 from meridian.errors import MeridianError
+from meridian.vllm.preflight import Check, Status, check_model, check_port, is_cached
 from meridian.vllm.resolve import (
     TESTED_VLLM_TEXT,
     EngineResolution,
@@ -47,29 +49,6 @@ from meridian.vllm.serve import (
 __all__ = ["Check", "Report", "Status", "run_checks"]
 
 DISTRIBUTION = "vllm-meridian"
-
-
-class Status(enum.Enum):
-    """A check's outcome; a ``FAIL`` stops ``meridian serve`` and makes ``doctor`` exit 1."""
-
-    PASS = "PASS"
-    WARN = "WARN"
-    FAIL = "FAIL"
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One line of the checklist: ``name``, what was found, and what to do about it."""
-
-    status: Status
-    name: str
-    detail: str
-    fix: str = ""
-
-    def line(self) -> str:
-        """The check as printed: ``STATUS  name: detail`` (and the fix on the next line)."""
-        text = f"{self.status.value}  {self.name}: {self.detail}"
-        return f"{text}\n      fix: {self.fix}" if self.fix else text
 
 
 @dataclass(slots=True)
@@ -207,20 +186,6 @@ def check_package() -> Check:
     return Check(Status.PASS, "package", f"{DISTRIBUTION} {version}")
 
 
-def _cached(model: str, filename: str) -> bool:
-    """Whether ``filename`` of ``model`` is on this machine (a local directory or the Hugging
-    Face cache), without asking the hub."""
-    if Path(model).is_dir():
-        return (Path(model) / filename).is_file()
-    try:
-        from huggingface_hub import (  # type: ignore[import-not-found,unused-ignore]
-            try_to_load_from_cache,
-        )
-    except ImportError:
-        return False
-    return isinstance(try_to_load_from_cache(model, filename), str)
-
-
 def check_engine(
     model: str | None, vllm_args: Sequence[str], *, offline: bool
 ) -> tuple[list[Check], EngineResolution | None]:
@@ -229,7 +194,7 @@ def check_engine(
     args = list(vllm_args)
     target = model
     where = ""
-    if model is None or (offline and not _cached(model, "config.json")):
+    if model is None or (offline and not is_cached(model, "config.json")):
         target = str(stand_in_model(Path(tempfile.mkdtemp(prefix="meridian-doctor-"))))
         if "--skip-tokenizer-init" not in args:
             args.append("--skip-tokenizer-init")
@@ -334,7 +299,7 @@ def check_family(
 
 def _boundary_check(model: str, family: str, parser: str, loaded: LoadedConfig) -> Check:
     name = "model family"
-    if not (_cached(model, "tokenizer.json") or _cached(model, "tokenizer_config.json")):
+    if not (is_cached(model, "tokenizer.json") or is_cached(model, "tokenizer_config.json")):
         return Check(
             Status.WARN,
             name,
@@ -408,15 +373,38 @@ def run_checks(
     checks = report.checks
     install = installed_vllm()
     checks.append(check_vllm(install))
-    config_check, report.loaded = check_config(config_path)
-    checks.append(config_check)
-    checks.append(check_arguments(vllm_args))
+    with _guarded(checks, "config"):
+        config_check, report.loaded = check_config(config_path)
+        checks.append(config_check)
+    with _guarded(checks, "arguments"):
+        checks.append(check_arguments(vllm_args))
+    with _guarded(checks, "model"):
+        checks.append(check_model(model, vllm_args))
     if install is not None:
-        engine_checks, report.engine = check_engine(model, vllm_args, offline=offline)
-        checks.extend(engine_checks)
+        with _guarded(checks, "engine"):
+            engine_checks, report.engine = check_engine(model, vllm_args, offline=offline)
+            checks.extend(engine_checks)
         if report.loaded is not None:
-            checks.extend(check_family(model, model_family, report.loaded, vllm_args))
-    checks.append(check_metrics_dir())
-    checks.append(check_bind(vllm_args))
-    checks.append(check_package())
+            with _guarded(checks, "model family"):
+                checks.extend(check_family(model, model_family, report.loaded, vllm_args))
+    last: list[tuple[str, Callable[[], Check]]] = [
+        ("metrics directory", check_metrics_dir),
+        ("bind address", partial(check_bind, vllm_args)),
+        ("port", partial(check_port, vllm_args)),
+        ("package", check_package),
+    ]
+    for name, check in last:
+        with _guarded(checks, name):
+            checks.append(check())
     return report
+
+
+@contextmanager
+def _guarded(checks: list[Check], name: str) -> Iterator[None]:
+    """Run one check; if the check itself raises (a case it does not know), that becomes its
+    FAIL line and the checks after it still run: doctor never ends in a traceback."""
+    try:
+        yield
+    except Exception as exc:  # any failure of a check is reported as its line
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+        checks.append(Check(Status.FAIL, name, f"the check failed: {detail}"))

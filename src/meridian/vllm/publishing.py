@@ -189,6 +189,9 @@ class MetricsListener:
     def think_ended(self, request_id: str, num_think_tokens: int, hard_cap: bool) -> None:
         self._exits.append((request_id, self.now(), num_think_tokens, hard_cap))
 
+    def force_cut_short(self, request_id: str) -> None:
+        self._num_hard_caps += 1
+
 
 class Publisher:
     """Meridian's metrics of one scheduler, published in batches (module docstring).

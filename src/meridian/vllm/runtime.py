@@ -205,6 +205,12 @@ def resolve_runtime(
     return replace(runtime, transition_ids=transition_ids(phrase, tokenizer, runtime.format))
 
 
+# The longest transition phrase in tokens (scheduler.force_transition_phrase's character bound,
+# MAX_TRANSITION_PHRASE_CHARS, is the tokenizer-free half): 64 forced steps add about 1.3 s before
+# the first answer token at the default 20 ms answer budget.
+MAX_TRANSITION_TOKENS = 64
+
+
 def transition_ids(
     phrase: str, tokenizer: TokenizerLike | None, model: ReasoningFormat
 ) -> tuple[int, ...]:
@@ -220,6 +226,12 @@ def transition_ids(
     end = model.think_end
     if not ids:
         raise ConfigError(f"{field}: {phrase!r} encodes to no tokens")
+    if len(ids) > MAX_TRANSITION_TOKENS:
+        raise ConfigError(
+            f"{field} must be at most {MAX_TRANSITION_TOKENS} tokens of this model's tokenizer "
+            f"(it is forced whole, a decode step a token, before every forced answer); got "
+            f"{len(ids)} tokens for {phrase!r}"
+        )
     if any(ids[i : i + len(end)] == end for i in range(len(ids) - len(end) + 1)):
         raise ConfigError(
             f"{field}: {phrase!r} contains the think-end marker; the phrase is forced before "

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, PlainValidator, StrictStr, model_validator
 
 from meridian.bench.jsonl import FiniteNonNegative, NonEmptyText, read_jsonl
+from meridian.config.files import MIB
 from meridian.errors import MeridianError
 
 __all__ = ["CHECKERS", "DatasetError", "Item", "grade", "load_dataset"]
@@ -19,6 +20,10 @@ Checker = Literal["exact", "numeric", "regex", "choice"]
 CHECKERS: tuple[str, ...] = get_args(Checker)
 _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*)?\.?\d+(?:[eE][-+]?\d+)?")
 _LETTER = re.compile(r"\b([A-Z])\b")
+# Labelled sets are small (MATH-500: 500 items, under 1 MiB; MMLU's test split: 14,042 items);
+# each item is sent once per policy.
+MAX_DATASET_BYTES = 64 * MIB
+MAX_DATASET_ITEMS = 100_000
 
 
 class DatasetError(MeridianError):
@@ -88,7 +93,14 @@ class ItemLine(BaseModel):
 
 def load_dataset(path: Path) -> list[Item]:
     """The items of a JSONL file; a bad line raises :class:`DatasetError` naming it."""
-    lines = read_jsonl(path, ItemLine, DatasetError, what="dataset")
+    lines = read_jsonl(
+        path,
+        ItemLine,
+        DatasetError,
+        what="dataset",
+        max_bytes=MAX_DATASET_BYTES,
+        max_lines=MAX_DATASET_ITEMS,
+    )
     return [line.item(index) for index, (_, line) in enumerate(lines)]
 
 

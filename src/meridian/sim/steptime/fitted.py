@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from meridian.config.files import MIB, check_user_file, read_user_file
 from meridian.sim.steptime.base import NS_PER_MS, BatchShape, CalibrationError
 
 __all__ = ["CSV_COLUMNS", "FittedStepTime"]
@@ -26,6 +27,18 @@ CSV_COLUMNS: tuple[str, ...] = (
 )
 _NUM_COEFFICIENTS = 5
 _MIN_SAMPLES = _NUM_COEFFICIENTS
+# A step log (``meridian serve --step-log``) takes about 40 bytes a step: 64 MiB is over a million
+# steps, hours of a busy engine; more adds nothing to a five-term fit but memory.
+MAX_CSV_BYTES = 64 * MIB
+_CSV_WHAT = "step-time CSV"
+
+
+def check_csv_file(path: Path) -> None:
+    """Fail now if ``path`` cannot be a step-time CSV (not a regular file, or over
+    :data:`MAX_CSV_BYTES`), as :meth:`FittedStepTime.from_csv` would later."""
+    check_user_file(path, what=_CSV_WHAT, max_bytes=MAX_CSV_BYTES, error=CalibrationError)
+
+
 _COEFFICIENT_NAMES: tuple[str, ...] = (
     "base_ns",
     "ns_per_prefill_token",
@@ -162,13 +175,11 @@ class FittedStepTime:
         """Fit to a CSV of measured steps; see :meth:`from_samples` for the method.
 
         The header must name :data:`CSV_COLUMNS` (other columns are ignored); counts are
-        non-negative integers, ``step_time_ms`` a positive number. Errors name ``file:line``.
+        non-negative integers, ``step_time_ms`` a positive number. Errors name ``file:line``; the
+        file is read bounded (a regular file of at most :data:`MAX_CSV_BYTES`).
         """
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise CalibrationError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+        text = read_user_file(path, what=_CSV_WHAT, max_bytes=MAX_CSV_BYTES, error=CalibrationError)
         reader = csv.DictReader(text.splitlines())
         header = [name.strip() for name in reader.fieldnames or []]
         if not header:
