@@ -92,7 +92,7 @@ bench-clients: vllm-venv clients-venv
 ## The release artefacts (docs/releasing.md): the sdist, and the wheel built from it, with the
 ## setuptools requirements.lock pins; both checked by twine.
 dist: venv
-	rm -rf dist
+	rm -rf dist build src/*.egg-info  # a stale egg-info's file list would mask a missing entry
 	$(BIN)/python -m build --quiet --no-isolation --outdir dist .
 	$(BIN)/twine check --strict dist/*
 

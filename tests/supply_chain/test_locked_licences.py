@@ -46,7 +46,8 @@ def test_every_locked_package_has_a_licence_the_policy_allows() -> None:
     print("\n" + "\n".join(report.lines()))
     pinned = sum(len(release.lock_pins(REPO / lock)) for lock in venvs)
     assert len(report.readings) == pinned  # every locked package was read
-    assert not report.violations, "\n".join(
+    violations = [
         f"{r.lock}: {r.name} {r.version}: {r.licence}: {r.verdict}" for r in report.violations
-    )
+    ]
+    assert not violations, "\n".join(violations)
     assert not report.stale, f"exceptions no locked package needs: {report.stale}"
