@@ -70,6 +70,7 @@ def scratch() -> Iterator[Path]:
     where = Path(tempfile.mkdtemp(prefix="meridian-test-dist-")).resolve()
     assert not where.is_relative_to(REPO), f"{where} is inside the checkout"
     (where / "work").mkdir()
+    (where / "tmp").mkdir()
     yield where
     shutil.rmtree(where, ignore_errors=True)
 
@@ -83,11 +84,13 @@ def run(
     python: Path, command: str, *args: str, scratch: Path, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """``command`` (a script of ``python``'s environment) as a user runs it: from a directory of
-    its own outside the checkout, with that environment first on PATH and no PYTHONPATH."""
+    its own outside the checkout, with that environment first on PATH and no PYTHONPATH (and
+    temporary files in the scratch directory: doctor leaves its stand-in model there)."""
     bindir = python.parent
     env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(bindir.parent)
+    env["TMPDIR"] = str(scratch / "tmp")  # what the commands leave there goes with the scratch
     return subprocess.run(
         [str(bindir / command), *args],
         cwd=scratch / "work",
