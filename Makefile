@@ -13,7 +13,8 @@ VLLM_GPU_VENV := .venv-vllm-gpu
 VLLM_GPU_STAMP := $(VLLM_GPU_VENV)/.installed
 
 .PHONY: venv vllm-venv vllm-gpu-venv clients-venv test lint typecheck unit test-vllm train-reasoner \
-	test-vllm-gpu test-vllm-peer bench-sim bench-sim-vllm bench-vllm bench-clients clean
+	test-vllm-gpu test-vllm-peer bench-sim bench-sim-vllm bench-vllm bench-clients clean \
+	dist sbom test-dist supply-chain
 
 venv: $(STAMP)
 
@@ -39,15 +40,19 @@ $(VLLM_GPU_STAMP): $(VLLM_STAMP) requirements-vllm-gpu.lock scripts/install-vllm
 	bash scripts/install-vllm-gpu-sched.sh
 	touch $(VLLM_GPU_STAMP)
 
+## ruff, and actionlint on .github/workflows (its settings: .github/actionlint.yaml).
 lint: venv
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/actionlint
 
 typecheck: venv
-	$(BIN)/mypy src scripts/gen_docs.py scripts/build_servegen_r1.py scripts/servegen_r1_profile.py
+	$(BIN)/mypy src scripts/gen_docs.py scripts/build_servegen_r1.py scripts/servegen_r1_profile.py \
+		scripts/release.py scripts/licences.py
 
 unit: venv
-	$(BIN)/python -m pytest -q --ignore=tests/vllm_e2e --ignore=tests/test_vllm_unit.py
+	$(BIN)/python -m pytest -q --ignore=tests/vllm_e2e --ignore=tests/test_vllm_unit.py \
+		--ignore=tests/installed --ignore=tests/supply_chain
 
 ## End-to-end tests on the real vLLM engine (and the integration's unit tests).
 test-vllm: vllm-venv
@@ -84,9 +89,36 @@ clients-venv: .venv-clients/.installed
 bench-clients: vllm-venv clients-venv
 	$(VLLM_BIN)/python benchmarks/bench_clients.py
 
-## The whole test suite: lint, types, tests, the vLLM end-to-end group, both vLLM lines, and
-## vLLM's own scheduler tests on both lines.
-test: lint typecheck unit test-vllm test-vllm-gpu test-vllm-peer
+## The release artefacts (docs/releasing.md): the sdist, and the wheel built from it, with the
+## setuptools requirements.lock pins; both checked by twine.
+dist: venv
+	rm -rf dist build src/*.egg-info  # a stale egg-info's file list would mask a missing entry
+	$(BIN)/python -m build --quiet --no-isolation --outdir dist .
+	$(BIN)/twine check --strict dist/*
+
+## The CycloneDX SBOM of the wheel's runtime dependency closure, as requirements.lock pins it
+## (dist/vllm_meridian-VERSION.cdx.json), validated against the CycloneDX 1.6 schema.
+sbom: dist
+	$(BIN)/python scripts/release.py sbom dist
+
+## The wheel installed in fresh environments outside the checkout and run as a user runs it
+## (tests/installed); meridian doctor from the wheel where .venv-vllm is built (or
+## MERIDIAN_VLLM_VENV names a vLLM environment), and a loud skip where not.
+test-dist: dist
+	vllm_venv="$${MERIDIAN_VLLM_VENV:-}"; \
+	if [ -z "$$vllm_venv" ] && [ -f $(VLLM_STAMP) ]; then vllm_venv="$(CURDIR)/$(VLLM_VENV)"; fi; \
+	MERIDIAN_DIST_DIR="$(CURDIR)/dist" MERIDIAN_VLLM_VENV="$$vllm_venv" \
+		$(BIN)/python -m pytest -q -rs tests/installed
+
+## Every locked package's licence, read from the environment each lock builds, against
+## supply-chain/licence-policy.toml (tests/supply_chain; it lists every package).
+supply-chain: venv vllm-venv vllm-gpu-venv
+	MERIDIAN_SUPPLY_CHAIN=1 $(BIN)/python -m pytest -q -s tests/supply_chain
+
+## The whole test suite: lint (ruff, actionlint), types, tests, the vLLM end-to-end group, both
+## vLLM lines, vLLM's own scheduler tests on both lines, the built wheel installed and run, and
+## the locked packages' licences.
+test: lint typecheck unit test-vllm test-vllm-gpu test-vllm-peer test-dist supply-chain
 
 ## The main job: the default simulator A/B at a load where stock vLLM preempts (16 req/s, 60 s),
 ## fast engine: what scheduling did with forcing held equal, and what forcing did.
@@ -107,4 +139,4 @@ bench-vllm: vllm-venv
 	$(VLLM_BIN)/python benchmarks/bench_vllm_overhead.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_GPU_VENV) .venv-clients build src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(VLLM_GPU_VENV) .venv-clients build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -10,10 +10,42 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
-from meridian import __version__
+import meridian
 from meridian.cli import bench_cmd, cluster_cmd, config_cmd, doctor_cmd
 from meridian.errors import MeridianError
+
+
+def version_text() -> str:
+    """``meridian VERSION``, plus the commit when this code runs from a git checkout's ``src/``
+    (an editable install or PYTHONPATH), where the version alone does not say which code it is."""
+    text = f"meridian {meridian.__version__}"
+    package = Path(meridian.__file__).resolve().parent
+    root = package.parents[1]
+    # A wheel's meridian/ sits in site-packages, never in a checkout's src/ (even when the
+    # virtual environment lives inside the checkout).
+    if package.parent.name != "src" or not (root / "pyproject.toml").is_file():
+        return text
+    from meridian.bench.provenance import commit, has_changes
+
+    head = commit(root)
+    if not head:  # a source tree without git (an unpacked sdist)
+        return text
+    changed = ", uncommitted changes" if has_changes(root) else ""
+    return f"{text} (git checkout {root}, commit {head}{changed})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, computed when asked for (the commit costs two git calls)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> NoReturn:
+        print(version_text())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="meridian",
         description="Phase-aware scheduling for reasoning models on vLLM.",
     )
-    parser.add_argument("--version", action="version", version=f"meridian {__version__}")
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     config_cmd.register(commands)
     bench_cmd.register(commands)
