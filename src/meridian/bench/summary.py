@@ -1,17 +1,21 @@
 """Metrics of one simulator run: from a :class:`SimResult` to a :class:`PolicySummary`.
 
-Definitions (DESIGN.md, "Measuring"); every time is in seconds of simulated time:
+Definitions (DESIGN.md, "Measuring"); every time is in seconds of simulated time. Every
+per-request figure is over the *measured* requests: those arriving in the run's window
+(:class:`~meridian.bench.slo.Window`, after the warm-up); the engine-wide figures (peak KV use,
+the longest waiting queue, computed tokens) are the engine's from the warm-up's end on.
 
 - TTFT  = first generated token (think or answer) - arrival.
-- TTFVT = first answer token - arrival: the wait the user feels ("first visible token").
+- TTFVT = first answer token - arrival: the wait the user feels when the reasoning is hidden.
 - TTOT  = first answer token - ``</think>`` (reasoning requests only).
 - output ITL = every gap between two consecutive answer tokens of one request, pooled over all
   requests.
-- throughput = generated tokens (think + answer, all requests) / makespan, where the makespan runs
-  from the first arrival to the last finish.
-- goodput = finished requests meeting *both* SLOs (:class:`SloSpec`) whose answer is not wrong
-  (a reasoning request forced to stop before its settle point, in the simulator's entropy model,
-  has a wrong answer) / makespan.
+- throughput = generated tokens (think + answer) / makespan, where the makespan runs from the
+  first measured arrival to the last measured finish.
+- SLO attainment: the share of requests meeting their unloaded-latency SLO at each scale, for
+  reasoning hidden and shown (:mod:`meridian.bench.slo`).
+- goodput = requests meeting the SLO (:class:`~meridian.bench.slo.SloSpec`: the unloaded one at
+  scale 3, reasoning hidden, unless an explicit SLO is given) / the arrival window's length.
 - answer accuracy (model) = finished reasoning requests with a correct answer, as the entropy
   model defines it, over those with a verdict (a simulator figure, not a measured accuracy).
 
@@ -36,9 +40,18 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from meridian.config.schema import SchedulerConfig
+from meridian.bench.slo import (
+    SCALES,
+    ExplicitSlo,
+    IdleLatency,
+    NeededScales,
+    SloSpec,
+    UserModel,
+    Window,
+    answer_gaps_ns,
+    meets_explicit,
+)
 from meridian.core.types import ForceReason, Phase
-from meridian.errors import ConfigError
 from meridian.sim.records import RequestRecord, SimResult, TimeSample
 from meridian.sim.request import RequestKind
 from meridian.telemetry.latency import ttfvt, ttot
@@ -49,6 +62,8 @@ SIGNIFICANT_DIGITS = 6
 MAX_SERIES_POINTS = 300
 # Quantiles 0, 1, ..., 100 % of each distribution: enough to redraw a CDF from a report alone.
 CDF_QUANTILES = tuple(range(101))
+# A first token this much later than on an idle engine is queueing (Contention).
+QUEUED_S = 1.0
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -74,46 +89,6 @@ def _round_field(value: float) -> float:
 
 # Every float in the report schema goes through this, on construction and on reload.
 Sig6 = Annotated[float, AfterValidator(_round_field)]
-
-
-@dataclass(frozen=True, slots=True)
-class SloSpec:
-    """The service-level objectives that decide whether a request counts toward goodput.
-
-    A request meets the TTFVT SLO when ``TTFVT <= ttfvt_base_s + think tokens requested *
-    think_tpot_s`` (a long reasoning request is allowed a longer wait; chat requests get the base),
-    and the output-ITL SLO when the P95 of its own answer-token gaps is ``<= output_itl_s`` (a
-    request with fewer than two answer tokens has no gap and meets it).
-    """
-
-    ttfvt_base_s: float = 2.0
-    think_tpot_s: float = 0.080
-    output_itl_s: float = 0.050
-
-    def __post_init__(self) -> None:
-        for name in ("ttfvt_base_s", "think_tpot_s", "output_itl_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"slo.{name} must be a positive number of seconds; got {value}")
-
-    @classmethod
-    def from_scheduler(
-        cls,
-        scheduler: SchedulerConfig,
-        *,
-        ttfvt_base_s: float = 2.0,
-        output_itl_s: float = 0.050,
-    ) -> SloSpec:
-        """The SLO whose think allowance is ``scheduler.think_tpot_budget_ms`` of meridian.toml."""
-        return cls(
-            ttfvt_base_s=ttfvt_base_s,
-            think_tpot_s=scheduler.think_tpot_budget_ms / 1000.0,
-            output_itl_s=output_itl_s,
-        )
-
-    def ttfvt_slo_s(self, num_think_tokens_requested: int) -> float:
-        """The TTFVT allowed to a request that asked for this many think tokens."""
-        return self.ttfvt_base_s + num_think_tokens_requested * self.think_tpot_s
 
 
 class _Model(BaseModel):
@@ -178,18 +153,78 @@ class TimeSeries(_Model):
     num_running: list[int] = Field(default_factory=list)
 
 
+class SloMisses(_Model):
+    """Why measured requests missed the SLO at one scale (a request can miss on several counts,
+    except the last three, which no scale helps)."""
+
+    late_first_visible: int = Field(description="First visible token later than scale x idle.")
+    slow_stream: int = Field(description="Mean gap between visible tokens over scale x idle.")
+    stall: int = Field(description="A gap a reader sees over the stall bound.")
+    wrong_answer: int
+    unfinished: int
+
+
+class Attainment(_Model):
+    """SLO attainment (%) of the measured requests at each scale (x the idle latency), for the
+    reasoning hidden and shown, the goodput at ``goodput_scale`` for each, and why requests
+    missed at that scale."""
+
+    scales: list[Sig6]
+    hidden_pct: list[Sig6]
+    shown_pct: list[Sig6]
+    goodput_scale: Sig6
+    goodput_hidden_req_s: Sig6
+    goodput_shown_req_s: Sig6
+    missed_hidden: SloMisses
+    missed_shown: SloMisses
+
+    def pct_at(self, user: UserModel, scale: float) -> float | None:
+        """Attainment at ``scale`` (one of ``scales``), ``None`` if it is not one."""
+        values = self.hidden_pct if user is UserModel.HIDDEN else self.shown_pct
+        for s, v in zip(self.scales, values, strict=True):
+            if abs(s - scale) < 1e-9:
+                return v
+        return None
+
+
+class Contention(_Model):
+    """Whether the run had anything to schedule: measured requests preempted at least once, and
+    those that *queued*, whose first token came more than :data:`QUEUED_S` after it would on an
+    idle engine (a hold, a full cache, a full batch; a step shared with other prompts is not
+    that long); and, from the warm-up's end on, the fullest the KV cache got and the longest
+    waiting queue after a step (which a burst of prompts fills for a step at any load). Nothing
+    preempted and nothing queued is no contention: every scheduler must tie there."""
+
+    kv_used_peak: Sig6 = Field(description="Largest share of the KV blocks in use.")
+    max_waiting: int = Field(description="Longest waiting queue after a step.")
+    num_preempted_requests: int
+    num_queued_requests: int | None = Field(
+        default=None, description="First token over 1 s later than idle (null: no idle model)."
+    )
+
+    @property
+    def contended(self) -> bool:
+        return self.num_preempted_requests > 0 or bool(self.num_queued_requests)
+
+
 class PolicySummary(_Model):
     """Every metric of one policy's run (the report schema). Units are in the field names:
     ``_s`` seconds, ``_tok_s`` tokens/s, ``_req_s`` requests/s, ``_pct`` percent (0-100),
     token counts otherwise."""
 
     policy: str
-    num_requests: int
+    num_requests: int = Field(description="Measured requests (arrived after the warm-up).")
+    num_warmup_requests: int = Field(
+        default=0, description="Requests that arrived in the warm-up: in no statistic."
+    )
     num_finished: int
     num_reasoning: int
     num_chat: int
     sim_duration_s: Sig6 = Field(description="Simulated time at the end of the run (end_ns).")
-    makespan_s: Sig6 | None = Field(description="First arrival to last finish.")
+    makespan_s: Sig6 | None = Field(description="First measured arrival to last finish.")
+    window_s: Sig6 | None = Field(
+        default=None, description="The measured arrival window (goodput's denominator)."
+    )
 
     ttft_s: Percentiles
     ttfvt_s: Percentiles
@@ -212,12 +247,14 @@ class PolicySummary(_Model):
     )
     think_tokens_saved_pct: Sig6 | None
 
-    preemptions: PreemptionsByPhase
+    preemptions: PreemptionsByPhase = Field(description="Of the measured requests.")
     num_recomputed_tokens: int = Field(
-        description="Tokens computed again after preemptions (prefix-cache hits excluded)."
+        description="Tokens the measured requests computed again after preemptions (prefix-cache "
+        "hits excluded)."
     )
     num_scheduled_tokens: int = Field(
-        default=0, description="Every token the engine computed (its work), recompute included."
+        default=0,
+        description="Every token the engine computed in the run (its work), recompute included.",
     )
     num_offload_loaded_blocks: int = Field(
         default=0,
@@ -237,9 +274,13 @@ class PolicySummary(_Model):
     throughput_tok_s: Sig6 | None
     goodput_req_s: Sig6 | None
     num_slo_met: int = Field(
-        description="Finished requests meeting both SLOs with an answer that is not wrong."
+        description="Measured requests meeting goodput's SLO (finished, answer not wrong)."
     )
-    slo_met_pct: Sig6 | None = Field(description="num_slo_met over all requests.")
+    slo_met_pct: Sig6 | None = Field(description="num_slo_met over the measured requests.")
+    attainment: Attainment | None = Field(
+        default=None, description="SLO attainment curves (null without a step-time model)."
+    )
+    contention: Contention | None = None
 
     series: TimeSeries
     distributions: Distributions
@@ -262,12 +303,6 @@ class RunDistributions:
 
 def _seconds(values: Iterable[float]) -> FloatArray:
     return np.fromiter(values, dtype=np.float64) / NS_PER_S
-
-
-def answer_gaps_ns(record: RequestRecord) -> npt.NDArray[np.int64]:
-    """The gaps between consecutive answer tokens of one request (ns); empty below two tokens."""
-    times = np.asarray(record.answer_token_ns, dtype=np.int64)
-    return times[1:] - times[:-1]
 
 
 def collect_distributions(records: Sequence[RequestRecord]) -> RunDistributions:
@@ -361,21 +396,6 @@ def worst_answer_gap_steps(records: Sequence[RequestRecord]) -> int | None:
     return worst
 
 
-def meets_slo(record: RequestRecord, slo: SloSpec) -> bool:
-    """True when a *finished* request meets both the TTFVT and the output-ITL SLO, and its answer
-    is not wrong (``answer_correct`` False: a premature stop in the entropy model)."""
-    if not record.finished or record.first_answer_ns is None or record.answer_correct is False:
-        return False
-    ttfvt_s = (record.first_answer_ns - record.arrival_ns) / NS_PER_S
-    if ttfvt_s > slo.ttfvt_slo_s(record.num_think_tokens_requested):
-        return False
-    gaps_s = answer_gaps_ns(record) / NS_PER_S
-    # The P95 never exceeds the largest gap: skip the (costly) percentile when that one is fine.
-    if gaps_s.size == 0 or gaps_s.max() <= slo.output_itl_s:
-        return True
-    return float(np.percentile(gaps_s, 95, method="linear")) <= slo.output_itl_s
-
-
 def _pct(part: float, whole: float) -> float | None:
     return None if whole <= 0 else 100.0 * part / whole
 
@@ -400,15 +420,81 @@ def _forced_stats(reasoning: Sequence[RequestRecord]) -> tuple[int, ForcedByReas
     return sum(counts.values()), by_reason, _pct(num_premature, num_known)
 
 
-def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
+def _misses(needed: NeededScales, user: UserModel, scale: float) -> SloMisses:
+    visible, stream = needed.ratios(user)
+    hopeless = needed.hopeless[user]
+    return SloMisses(
+        late_first_visible=int(np.count_nonzero(visible > scale)),
+        slow_stream=int(np.count_nonzero(stream > scale)),
+        stall=hopeless.get("stall", 0),
+        wrong_answer=hopeless.get("wrong answer", 0),
+        unfinished=hopeless.get("unfinished", 0),
+    )
+
+
+def attainment(needed: NeededScales, window: Window, scale: float) -> Attainment:
+    """The attainment curves of the needed scales, and goodput at ``scale``."""
+    length = window.length_s
+    return Attainment(
+        scales=list(SCALES),
+        hidden_pct=needed.attainment_pct(UserModel.HIDDEN, SCALES),
+        shown_pct=needed.attainment_pct(UserModel.SHOWN, SCALES),
+        goodput_scale=scale,
+        goodput_hidden_req_s=needed.num_met(UserModel.HIDDEN, scale) / length,
+        goodput_shown_req_s=needed.num_met(UserModel.SHOWN, scale) / length,
+        missed_hidden=_misses(needed, UserModel.HIDDEN, scale),
+        missed_shown=_misses(needed, UserModel.SHOWN, scale),
+    )
+
+
+def contention(
+    result: SimResult,
+    measured: Sequence[RequestRecord],
+    window: Window,
+    idle: IdleLatency | None = None,
+) -> Contention:
+    """The run's contention (:class:`Contention`); queued requests need ``idle``."""
+    after = [x for x in result.samples if x.time_ns >= window.start_ns]
+    capacity = max(result.num_kv_blocks, 1)
+    queued = None
+    if idle is not None:
+        slack = round(QUEUED_S * NS_PER_S)
+        queued = sum(
+            1
+            for r in measured
+            if r.first_token_ns is None
+            or r.first_token_ns - r.arrival_ns > idle.of_record(r).ttft_ns + slack
+        )
+    return Contention(
+        kv_used_peak=max((x.num_kv_blocks_used for x in after), default=0) / capacity,
+        max_waiting=max((x.num_waiting for x in after), default=0),
+        num_preempted_requests=sum(1 for r in measured if r.preemptions_by_phase),
+        num_queued_requests=queued,
+    )
+
+
+def summarize(
+    result: SimResult,
+    slo: SloSpec,
+    *,
+    window: Window | None = None,
+    idle: IdleLatency | None = None,
+) -> PolicySummary:
     """Reduce one run to its :class:`PolicySummary` (pure; same result in, same summary out).
 
-    Request subsets: TTFT/TTFVT/TTOT use every request that reached the event; token counts use
-    finished requests; forced percentages are over all reasoning requests; think tokens saved are
-    over reasoning requests that passed ``</think>`` (an unfinished think phase saved nothing).
-    Preemptions, recomputed and computed tokens are the run-wide counters.
+    ``window`` picks the measured requests (default: every request, the window ending at the
+    last arrival); ``idle`` is the run's idle latency, without which there are no attainment
+    curves and goodput counts the explicit SLO (``slo.explicit``, or :class:`ExplicitSlo`'s
+    defaults: a live server's run has no step-time model).
+
+    Request subsets (all within the measured requests): TTFT/TTFVT/TTOT use every request that
+    reached the event; token counts use finished requests; forced percentages are over all
+    reasoning requests; think tokens saved are over reasoning requests that passed ``</think>``
+    (an unfinished think phase saved nothing).
     """
-    records = result.records
+    if window is None:
+        window = Window.spanning(r.arrival_ns for r in result.records)
+    records = window.measured(result.records)
     reasoning = [r for r in records if r.kind is RequestKind.REASONING]
     finished = [r for r in records if r.finished]
     dist = collect_distributions(records)
@@ -426,23 +512,35 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
     # A zero makespan (everything finished at its arrival instant) has no meaningful rate.
     rate_window_s = makespan_s if makespan_s is not None and makespan_s > 0 else None
     generated = sum(r.num_think_tokens + r.num_answer_tokens for r in records)
-    num_slo_met = sum(meets_slo(r, slo) for r in finished)
+
+    needed = None if idle is None else NeededScales.of(records, idle, slo.stall_ns)
+    curves = None if needed is None else attainment(needed, window, slo.scale)
+    if needed is not None and slo.explicit is None:
+        num_slo_met = needed.num_met(slo.user, slo.scale)
+    else:
+        explicit = slo.explicit or ExplicitSlo()
+        num_slo_met = sum(meets_explicit(r, explicit) for r in finished)
     verdicts = [
         r.answer_correct
         for r in finished
         if r.kind is RequestKind.REASONING and r.answer_correct is not None
     ]
 
+    by_phase: dict[Phase, int] = {}
+    for r in records:
+        for phase, n in r.preemptions_by_phase.items():
+            by_phase[phase] = by_phase.get(phase, 0) + n
     counters = result.counters
-    by_phase = counters.preemptions_by_phase
     return PolicySummary(
         policy=result.policy,
         num_requests=len(records),
+        num_warmup_requests=sum(r.arrival_ns < window.start_ns for r in result.records),
         num_finished=len(finished),
         num_reasoning=len(reasoning),
         num_chat=len(records) - len(reasoning),
         sim_duration_s=result.end_ns / NS_PER_S,
         makespan_s=makespan_s,
+        window_s=window.length_s,
         ttft_s=percentiles(dist.ttft_s),
         ttfvt_s=percentiles(dist.ttfvt_s),
         ttot_s=percentiles(dist.ttot_s),
@@ -459,15 +557,17 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
             think=by_phase.get(Phase.THINK, 0),
             output=by_phase.get(Phase.OUTPUT, 0),
         ),
-        num_recomputed_tokens=counters.num_recomputed_tokens,
+        num_recomputed_tokens=sum(r.num_recomputed_tokens for r in records),
         num_scheduled_tokens=counters.num_scheduled_tokens,
         num_offload_loaded_blocks=counters.num_offload_loaded_blocks,
         answer_accuracy_pct=_pct(sum(verdicts), len(verdicts)),
         worst_answer_gap_steps=worst_answer_gap_steps(records),
         throughput_tok_s=None if rate_window_s is None else generated / rate_window_s,
-        goodput_req_s=None if rate_window_s is None else num_slo_met / rate_window_s,
+        goodput_req_s=num_slo_met / window.length_s,
         num_slo_met=num_slo_met,
         slo_met_pct=_pct(num_slo_met, len(records)),
+        attainment=curves,
+        contention=contention(result, records, window, idle),
         series=downsample(result.samples, result.num_kv_blocks),
         distributions=Distributions(
             output_itl_s=cdf_sketch(dist.output_itl_s),
