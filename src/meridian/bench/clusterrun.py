@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from meridian.bench.attainment import contention
 from meridian.bench.report import SimReport
 from meridian.bench.simrun import (
     SimRunSpec,
@@ -26,7 +27,7 @@ from meridian.bench.simrun import (
     summaries,
     window_for,
 )
-from meridian.bench.summary import Sig6, contention
+from meridian.bench.summary import Sig6
 from meridian.core.routing import RoutingConfig
 from meridian.errors import MeridianError
 from meridian.sim.cluster import Cluster, ClusterRun, ModelReplica, Replica, VllmReplica

@@ -30,23 +30,22 @@ in two files.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Annotated
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
+from meridian.bench.attainment import Attainment, Contention, attainment, contention
+from meridian.bench.rounding import Sig6 as Sig6
+from meridian.bench.rounding import round_sig as round_sig
 from meridian.bench.slo import (
-    SCALES,
     ExplicitSlo,
     IdleLatency,
     NeededScales,
     SloSpec,
-    UserModel,
     Window,
     answer_gaps_ns,
     meets_explicit,
@@ -57,38 +56,12 @@ from meridian.sim.request import RequestKind
 from meridian.telemetry.latency import ttfvt, ttot
 
 NS_PER_S = 1_000_000_000
-SIGNIFICANT_DIGITS = 6
 # Plots read these, so they are part of the report; 300 points is a smooth line at 100 dpi.
 MAX_SERIES_POINTS = 300
 # Quantiles 0, 1, ..., 100 % of each distribution: enough to redraw a CDF from a report alone.
 CDF_QUANTILES = tuple(range(101))
-# A first token this much later than on an idle engine is queueing (Contention).
-QUEUED_S = 1.0
 
 FloatArray = npt.NDArray[np.float64]
-
-
-def round_sig(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
-    """``value`` rounded to ``digits`` significant digits (idempotent).
-
-    >>> round_sig(0.123456789)
-    0.123457
-    >>> round_sig(123456789.0)
-    123457000.0
-    """
-    if not math.isfinite(value):
-        raise ValueError(f"a report value must be finite; got {value}")
-    if value == 0.0:
-        return 0.0
-    return float(f"{value:.{digits}g}")
-
-
-def _round_field(value: float) -> float:
-    return round_sig(float(value))
-
-
-# Every float in the report schema goes through this, on construction and on reload.
-Sig6 = Annotated[float, AfterValidator(_round_field)]
 
 
 class _Model(BaseModel):
@@ -151,60 +124,6 @@ class TimeSeries(_Model):
     queue_output: list[int] = Field(default_factory=list)
     queue_think: list[int] = Field(default_factory=list)
     num_running: list[int] = Field(default_factory=list)
-
-
-class SloMisses(_Model):
-    """Why measured requests missed the SLO at one scale (a request can miss on several counts,
-    except the last three, which no scale helps)."""
-
-    late_first_visible: int = Field(description="First visible token later than scale x idle.")
-    slow_stream: int = Field(description="Mean gap between visible tokens over scale x idle.")
-    stall: int = Field(description="A gap a reader sees over the stall bound.")
-    wrong_answer: int
-    unfinished: int
-
-
-class Attainment(_Model):
-    """SLO attainment (%) of the measured requests at each scale (x the idle latency), for the
-    reasoning hidden and shown, the goodput at ``goodput_scale`` for each, and why requests
-    missed at that scale."""
-
-    scales: list[Sig6]
-    hidden_pct: list[Sig6]
-    shown_pct: list[Sig6]
-    goodput_scale: Sig6
-    goodput_hidden_req_s: Sig6
-    goodput_shown_req_s: Sig6
-    missed_hidden: SloMisses
-    missed_shown: SloMisses
-
-    def pct_at(self, user: UserModel, scale: float) -> float | None:
-        """Attainment at ``scale`` (one of ``scales``), ``None`` if it is not one."""
-        values = self.hidden_pct if user is UserModel.HIDDEN else self.shown_pct
-        for s, v in zip(self.scales, values, strict=True):
-            if abs(s - scale) < 1e-9:
-                return v
-        return None
-
-
-class Contention(_Model):
-    """Whether the run had anything to schedule: measured requests preempted at least once, and
-    those that *queued*, whose first token came more than :data:`QUEUED_S` after it would on an
-    idle engine (a hold, a full cache, a full batch; a step shared with other prompts is not
-    that long); and, from the warm-up's end on, the fullest the KV cache got and the longest
-    waiting queue after a step (which a burst of prompts fills for a step at any load). Nothing
-    preempted and nothing queued is no contention: every scheduler must tie there."""
-
-    kv_used_peak: Sig6 = Field(description="Largest share of the KV blocks in use.")
-    max_waiting: int = Field(description="Longest waiting queue after a step.")
-    num_preempted_requests: int
-    num_queued_requests: int | None = Field(
-        default=None, description="First token over 1 s later than idle (null: no idle model)."
-    )
-
-    @property
-    def contended(self) -> bool:
-        return self.num_preempted_requests > 0 or bool(self.num_queued_requests)
 
 
 class PolicySummary(_Model):
@@ -418,59 +337,6 @@ def _forced_stats(reasoning: Sequence[RequestRecord]) -> tuple[int, ForcedByReas
         hard_cap=_pct(counts[ForceReason.HARD_CAP], total) or 0.0,
     )
     return sum(counts.values()), by_reason, _pct(num_premature, num_known)
-
-
-def _misses(needed: NeededScales, user: UserModel, scale: float) -> SloMisses:
-    visible, stream = needed.ratios(user)
-    hopeless = needed.hopeless[user]
-    return SloMisses(
-        late_first_visible=int(np.count_nonzero(visible > scale)),
-        slow_stream=int(np.count_nonzero(stream > scale)),
-        stall=hopeless.get("stall", 0),
-        wrong_answer=hopeless.get("wrong answer", 0),
-        unfinished=hopeless.get("unfinished", 0),
-    )
-
-
-def attainment(needed: NeededScales, window: Window, scale: float) -> Attainment:
-    """The attainment curves of the needed scales, and goodput at ``scale``."""
-    length = window.length_s
-    return Attainment(
-        scales=list(SCALES),
-        hidden_pct=needed.attainment_pct(UserModel.HIDDEN, SCALES),
-        shown_pct=needed.attainment_pct(UserModel.SHOWN, SCALES),
-        goodput_scale=scale,
-        goodput_hidden_req_s=needed.num_met(UserModel.HIDDEN, scale) / length,
-        goodput_shown_req_s=needed.num_met(UserModel.SHOWN, scale) / length,
-        missed_hidden=_misses(needed, UserModel.HIDDEN, scale),
-        missed_shown=_misses(needed, UserModel.SHOWN, scale),
-    )
-
-
-def contention(
-    result: SimResult,
-    measured: Sequence[RequestRecord],
-    window: Window,
-    idle: IdleLatency | None = None,
-) -> Contention:
-    """The run's contention (:class:`Contention`); queued requests need ``idle``."""
-    after = [x for x in result.samples if x.time_ns >= window.start_ns]
-    capacity = max(result.num_kv_blocks, 1)
-    queued = None
-    if idle is not None:
-        slack = round(QUEUED_S * NS_PER_S)
-        queued = sum(
-            1
-            for r in measured
-            if r.first_token_ns is None
-            or r.first_token_ns - r.arrival_ns > idle.of_record(r).ttft_ns + slack
-        )
-    return Contention(
-        kv_used_peak=max((x.num_kv_blocks_used for x in after), default=0) / capacity,
-        max_waiting=max((x.num_waiting for x in after), default=0),
-        num_preempted_requests=sum(1 for r in measured if r.preemptions_by_phase),
-        num_queued_requests=queued,
-    )
 
 
 def summarize(
