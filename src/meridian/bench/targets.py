@@ -451,6 +451,8 @@ def check(load: float, field: str, p: Paired) -> bool | None:
     if target is None:
         return True if load <= LIGHT + 1e-9 else None
     op, bound = target
+    if op == "le" and p.mine == p.theirs == 0:
+        return True  # nothing to reduce (e.g. no token recomputed on either side)
     if op == "points":
         return p.median >= bound - 1e-9
     return p.median <= bound + 1e-9 if op == "le" else p.median >= bound - 1e-9
