@@ -28,7 +28,7 @@ ITL P99 and TTFT P95 (lower is better for Meridian below 1), throughput and good
 Measured as the single-engine sweep measures (:mod:`meridian.bench.slo`,
 :mod:`meridian.bench.loads`): per seed (``--seeds``, a cell per seed) one trace drawn at the
 sweep's highest load and thinned to each lower one (nested loads); the first ``--warmup-s``
-seconds of arrivals in no statistic; SLO attainment at 3x each request's idle latency, reasoning
+seconds of arrivals in no statistic (default 200 from 600 s of arrivals up, else 0); SLO attainment at 3x each request's idle latency, reasoning
 hidden and shown (goodput: hidden, per second of the arrival window); the fullest replica's peak
 KV use, preemptions, requests held at the router, and "no contention" where nothing was
 preempted, held or queued. Tables show the median over the seeds.
@@ -54,7 +54,7 @@ from meridian.bench.clusterrun import ClusterSpec, simulate_cluster
 from meridian.bench.plots import write_cluster_plots
 from meridian.bench.simrun import SimRunSpec, load_requests
 from meridian.bench.slo import UserModel
-from meridian.bench.targets import CAPACITY
+from meridian.bench.targets import CAPACITY, WARMUP_S
 from meridian.core.routing import NewRequest
 from meridian.sim.routers import ROUTERS, parse_routers
 
@@ -149,8 +149,9 @@ def main() -> None:
     ap.add_argument("--workload", default="synthetic")
     ap.add_argument("--duration-s", type=float, default=DURATION_S)
     ap.add_argument(
-        "--warmup-s", type=float, default=0.0,
-        help="seconds of arrivals at the start in no statistic (0)",
+        "--warmup-s", type=float,
+        help=f"seconds of arrivals at the start in no statistic (default: {WARMUP_S:g} from "
+        f"{3 * WARMUP_S:g} s of arrivals up, as the headline sweep; 0 for shorter runs)",
     )  # fmt: skip
     ap.add_argument("--seeds", default="0", help="workload seeds, a cell per seed (0)")
     ap.add_argument("--capacity", type=float, help="one replica's req/s (default: measured)")
@@ -164,7 +165,7 @@ def main() -> None:
     full = (
         args.routers == "all" and args.policies == f"{MERIDIAN},{STOCK}" and args.loads == LOADS
         and args.duration_s == DURATION_S and args.seeds == "0" and args.engine == "model"
-        and args.warmup_s == 0.0 and args.capacity is None
+        and args.warmup_s is None and args.capacity is None
     )  # fmt: skip
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out: Path = args.out or (
@@ -176,6 +177,8 @@ def main() -> None:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     clusterrun.make_router = _timed(clusterrun.make_router)  # type: ignore[attr-defined]
     cluster = ClusterSpec(replicas=args.replicas, routers=routers)
+    if args.warmup_s is None:
+        args.warmup_s = WARMUP_S if args.duration_s >= 3 * WARMUP_S else 0.0
     seeds = [int(x) for x in args.seeds.split(",")]
     loads = [float(x) for x in args.loads.split(",")]
     print(
