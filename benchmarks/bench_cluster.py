@@ -25,6 +25,14 @@ the stock side runs ``vllm-fcfs+forcing``. The comparison table gives each run a
 ITL P99 and TTFT P95 (lower is better for Meridian below 1), throughput and goodput (better above
 1). A ratio where Meridian is worse by more than 3 % is marked ``✗``.
 
+Measured as the single-engine sweep measures (:mod:`meridian.bench.slo`,
+:mod:`meridian.bench.loads`): per seed (``--seeds``, a cell per seed) one trace drawn at the
+sweep's highest load and thinned to each lower one (nested loads); the first ``--warmup-s``
+seconds of arrivals in no statistic (default 200 from 600 s of arrivals up, else 0); SLO attainment at 3x each request's idle latency, reasoning
+hidden and shown (goodput: hidden, per second of the arrival window); the fullest replica's peak
+KV use, preemptions, requests held at the router, and "no contention" where nothing was
+preempted, held or queued. Tables show the median over the seeds.
+
 Decision cost: each router's ``choose`` and ``routed`` calls timed with ``perf_counter_ns`` while
 the simulation runs (the simulator's renderings of the baselines, not Ray's or vLLM's code).
 """
@@ -45,7 +53,8 @@ from meridian.bench import clusterrun, provenance
 from meridian.bench.clusterrun import ClusterSpec, simulate_cluster
 from meridian.bench.plots import write_cluster_plots
 from meridian.bench.simrun import SimRunSpec, load_requests
-from meridian.bench.targets import CAPACITY
+from meridian.bench.slo import UserModel
+from meridian.bench.targets import CAPACITY, WARMUP_S
 from meridian.core.routing import NewRequest
 from meridian.sim.routers import ROUTERS, parse_routers
 
@@ -60,6 +69,8 @@ METRICS: tuple[tuple[str, str, bool], ...] = (
     ("TTFT P95 s", "ttft", True),
     ("tok/s", "throughput", False),
     ("goodput req/s", "goodput", False),
+    ("SLO % hidden", "slo_hidden", False),
+    ("SLO % shown", "slo_shown", False),
 )
 
 # Nanoseconds each router spent deciding, and its decisions, by router name.
@@ -103,10 +114,11 @@ def _timed(make: Any) -> Any:
     return make_timed
 
 
-def _row(summary: Any, held: int) -> dict[str, float]:
+def _row(summary: Any, held: int, kv_peak: float) -> dict[str, float]:
     def val(x: Any) -> float:
         return float("nan") if x is None else float(x)
 
+    a, c = summary.attainment, summary.contention
     return {
         "ttfvt": val(summary.ttfvt_s.p95),
         "itl": val(summary.output_itl_s.p99) * 1e3,
@@ -117,6 +129,11 @@ def _row(summary: Any, held: int) -> dict[str, float]:
         "pre_think": summary.preemptions.think + summary.preemptions.prefill,
         "pre_out": summary.preemptions.output,
         "held": held,
+        "slo_hidden": val(a and a.pct_at(UserModel.HIDDEN, a.goodput_scale)),
+        "slo_shown": val(a and a.pct_at(UserModel.SHOWN, a.goodput_scale)),
+        "kv_peak_replica": kv_peak,
+        "queued": val(c and c.num_queued_requests),
+        "contended": float(held > 0 or bool(c and c.contended)),
     }
 
 
@@ -131,7 +148,12 @@ def main() -> None:
     ap.add_argument("--hardware", default="h100-sxm")
     ap.add_argument("--workload", default="synthetic")
     ap.add_argument("--duration-s", type=float, default=DURATION_S)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--warmup-s", type=float,
+        help=f"seconds of arrivals at the start in no statistic (default: {WARMUP_S:g} from "
+        f"{3 * WARMUP_S:g} s of arrivals up, as the headline sweep; 0 for shorter runs)",
+    )  # fmt: skip
+    ap.add_argument("--seeds", default="0", help="workload seeds, a cell per seed (0)")
     ap.add_argument("--capacity", type=float, help="one replica's req/s (default: measured)")
     ap.add_argument("--out", type=Path, help="the JSON to write (the plot beside it, .png)")
     args = ap.parse_args()
@@ -142,8 +164,8 @@ def main() -> None:
     name = f"cluster-{args.replicas}x{args.hardware}-{args.model}-{args.workload}"
     full = (
         args.routers == "all" and args.policies == f"{MERIDIAN},{STOCK}" and args.loads == LOADS
-        and args.duration_s == DURATION_S and args.seed == 0 and args.engine == "model"
-        and args.capacity is None
+        and args.duration_s == DURATION_S and args.seeds == "0" and args.engine == "model"
+        and args.warmup_s is None and args.capacity is None
     )  # fmt: skip
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out: Path = args.out or (
@@ -155,29 +177,40 @@ def main() -> None:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     clusterrun.make_router = _timed(clusterrun.make_router)  # type: ignore[attr-defined]
     cluster = ClusterSpec(replicas=args.replicas, routers=routers)
+    if args.warmup_s is None:
+        args.warmup_s = WARMUP_S if args.duration_s >= 3 * WARMUP_S else 0.0
+    seeds = [int(x) for x in args.seeds.split(",")]
+    loads = [float(x) for x in args.loads.split(",")]
     print(
         f"{args.replicas} x {args.hardware} / {args.model}, engine {args.engine}, workload "
-        f"{args.workload}, {args.duration_s:g} s of arrivals, seed {args.seed}, capacity "
-        f"{capacity:g} req/s per replica"
+        f"{args.workload}, {args.duration_s:g} s of arrivals (the first {args.warmup_s:g} s "
+        f"warm-up), seeds {args.seeds}, loads nested, capacity {capacity:g} req/s per replica"
     )
-    rows: dict[tuple[float, str], dict[str, float]] = {}
+    per_seed: dict[tuple[float, str], list[dict[str, float]]] = defaultdict(list)
     started = time.monotonic()
-    for load in (float(x) for x in args.loads.split(",")):
-        rate = load * capacity * args.replicas
-        spec = SimRunSpec(
-            workload=args.workload,
-            arrival_rate=rate,
-            duration_s=args.duration_s,
-            seed=args.seed,
-            hardware=args.hardware,
-            model=args.model,
-            policies=policies,
-            engine=args.engine,
-        )
-        report, _ = simulate_cluster(spec, cluster, rate, load_requests(spec, rate))
-        for run, summary in report.summaries.items():
-            rows[(load, run)] = _row(summary, report.holds[run].num_held)
-        print(f"  load {load:.0%} ({rate:g} req/s) done at {time.monotonic() - started:.0f} s")
+    for seed in seeds:
+        for load in loads:
+            rate = load * capacity * args.replicas
+            spec = SimRunSpec(
+                workload=args.workload,
+                arrival_rate=rate,
+                duration_s=args.duration_s,
+                seed=seed,
+                hardware=args.hardware,
+                model=args.model,
+                policies=policies,
+                engine=args.engine,
+                warmup_s=args.warmup_s,
+                trace_rate=max(loads) * capacity * args.replicas,
+            )
+            report, _ = simulate_cluster(spec, cluster, rate, load_requests(spec, rate))
+            for run, summary in report.summaries.items():
+                figures = _row(summary, report.holds[run].num_held,
+                               report.kv_used_peak_replica[run])  # fmt: skip
+                per_seed[(load, run)].append({"seed": seed, **figures})
+            print(f"  seed {seed}, load {load:.0%} ({rate:g} req/s) done at "
+                  f"{time.monotonic() - started:.0f} s")  # fmt: skip
+    rows = {key: _median(cells) for key, cells in per_seed.items()}
     _print_raw(rows)
     _print_ratios(rows)
     print("\nrouter cost per decision (µs; choose + routed, in the runs above):")
@@ -197,29 +230,41 @@ def main() -> None:
         f"{args.replicas} x {args.hardware} / {args.model}, {args.workload}, engine "
         f"{args.engine}, {args.duration_s:g} s of arrivals"
     )
-    _write(out, args, capacity, rows, costs_us, time.monotonic() - started)
+    _write(out, args, capacity, per_seed, costs_us, time.monotonic() - started)
     image = REPO / "docs" / "img" / f"{name}.png" if full and args.out is None else None
     plot = write_cluster_plots(rows, title, image or out.with_suffix(".png"))
     print(f"\n{out}\n{plot}")
+
+
+def _median(cells: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the seeds; "contended" if any seed was."""
+    keys = [k for k in cells[0] if k != "seed"]
+    out = {k: float(np.nanmedian([c[k] for c in cells])) for k in keys}
+    out["contended"] = max(c["contended"] for c in cells)
+    return out
 
 
 def _write(
     out: Path,
     args: argparse.Namespace,
     capacity: float,
-    rows: dict[tuple[float, str], dict[str, float]],
+    per_seed: dict[tuple[float, str], list[dict[str, float]]],
     costs_us: dict[str, dict[str, float]],
     wall_s: float,
 ) -> None:
     """The run's figures as JSON: its arguments, the commit (and whether the code differed from
-    it), every cell, the routers' costs."""
+    it), every cell of every seed, the routers' costs."""
     doc = {
         "arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "capacity_req_s": capacity,
         "commit": provenance.commit(REPO),
         "uncommitted_changes": provenance.has_changes(REPO, "src", "benchmarks/bench_cluster.py"),
         "wall_s": round(wall_s, 1),
-        "cells": [{"load": load, "run": run, **figures} for (load, run), figures in rows.items()],
+        "cells": [
+            {"load": load, "run": run, **figures}
+            for (load, run), cells in per_seed.items()
+            for figures in cells
+        ],
         "router_cost_us": costs_us,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -228,18 +273,23 @@ def _write(
 
 def _print_raw(rows: dict[tuple[float, str], dict[str, float]]) -> None:
     head = "| load | router/scheduler | " + " | ".join(m[0] for m in METRICS)
-    print("\n" + head + " | recomputed tok | preempt think/out | held |")
-    print("|" + "---|" * (len(METRICS) + 5))
+    print("\n" + head + " | recomputed tok | preempt think/out | held | peak KV (replica) |")
+    print("|" + "---|" * (len(METRICS) + 6))
     for (load, name), r in rows.items():
         cells = [f"{r[key]:.4g}" for _, key, _ in METRICS]
+        quiet = "" if r["contended"] else " (no contention)"
         print(
-            f"| {load:.0%} | `{name}` | " + " | ".join(cells) + f" | {r['recomputed']:.0f} | "
-            f"{r['pre_think']:.0f}/{r['pre_out']:.0f} | {r['held']:.0f} |"
+            f"| {load:.0%}{quiet} | `{name}` | " + " | ".join(cells) + f" | {r['recomputed']:.0f}"
+            f" | {r['pre_think']:.0f}/{r['pre_out']:.0f} | {r['held']:.0f} | "
+            f"{r['kv_peak_replica']:.0%} |"
         )
 
 
 def _print_ratios(rows: dict[tuple[float, str], dict[str, float]]) -> None:
-    print("\nMeridian's router + scheduler (`meridian/meridian`) / each other run; ✗: worse > 3 %")
+    print(
+        "\nMeridian's router + scheduler (`meridian/meridian`) / each other run; ✗: worse > 3 %;"
+        " (no contention): neither run preempted, held or queued anything: not a claim"
+    )
     print("| load | against | " + " | ".join(m[0] for m in METRICS) + " |")
     print("|" + "---|" * (len(METRICS) + 2))
     losses = 0
@@ -253,7 +303,8 @@ def _print_ratios(rows: dict[tuple[float, str], dict[str, float]]) -> None:
             worse = ratio > 1 + NOISE if lower else ratio < 1 - NOISE
             losses += worse
             cells.append(f"{ratio:.2f}" + (" ✗" if worse else ""))
-        print(f"| {load:.0%} | `{name}` | " + " | ".join(cells) + " |")
+        quiet = "" if ours["contended"] or theirs["contended"] else " (no contention)"
+        print(f"| {load:.0%}{quiet} | `{name}` | " + " | ".join(cells) + " |")
     print(f"{losses} cells where Meridian's router + scheduler is worse by more than 3 %")
 
 

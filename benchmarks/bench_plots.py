@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from meridian.bench.plots import write_plots
-from meridian.bench.summary import SloSpec
+from meridian.bench.slo import SloSpec
 from test_plots import POLICIES, run
 
 NUM_REQUESTS = 2000

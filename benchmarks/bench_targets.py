@@ -13,14 +13,23 @@ Run (vLLM's own scheduler, needs the vLLM environment: `make vllm-venv`):
     .venv-vllm/bin/python benchmarks/bench_targets.py --rates 6.05 \\
         --policies vllm-fcfs+forcing,meridian,meridian@admission=vllm   # an ablation
 
-The full sweep (the default workloads, loads, policies, engine, seed and duration) writes
-``benchmarks/results/targets-HARDWARE-MODEL.json`` (engine, vLLM version, commit, seed, wall
-time and every cell, :class:`meridian.bench.targets.TargetsRun`) and rewrites the README's and
-``docs/benchmarks.md``'s blocks from it (:mod:`meridian.bench.targets_render`); anything else
-writes a file of its own, ``meridian-out/targets/targets-HARDWARE-MODEL-WORKLOADS-TIME.json``,
-and prints its tables. vLLM's log lines are hidden unless ``-v``. Each cell prints a line when it
-starts, one a minute while it runs and its figures when it ends. Methodology and targets:
-:mod:`meridian.bench.targets`; the cells' figures do not depend on ``--jobs`` (virtual time).
+    .venv-vllm/bin/python benchmarks/bench_targets.py --workloads synthetic --loads 1.1 \
+        --duration 120 --warmup 40 --engine model                # a short check, minutes
+
+Every cell runs each of ``--seeds`` (default 0,1,2); per workload and seed one trace is drawn at
+the sweep's highest rate and thinned to each rate (nested loads), and the first ``--warmup``
+seconds of arrivals (default 200 of the 600) are in no statistic.
+
+The full sweep (the default workloads, loads, policies, engine, seeds, warm-up and duration)
+writes ``benchmarks/results/targets-HARDWARE-MODEL.json`` (engine, vLLM version, commit, seeds,
+wall time and every cell, :class:`meridian.bench.targets.TargetsRun`) and rewrites the README's
+and ``docs/benchmarks.md``'s blocks from it (:mod:`meridian.bench.targets_render`); anything
+else writes a file of its own, ``meridian-out/targets/targets-HARDWARE-MODEL-WORKLOADS-TIME.json``,
+and prints its tables. Every run also draws its SLO attainment curves (medians over the seeds)
+beside its JSON (``.png``; the full sweep's to ``docs/img/``). vLLM's log lines are hidden unless
+``-v``. Each cell prints a line when it starts, one a minute while it runs and its figures when
+it ends. Methodology and targets: :mod:`meridian.bench.targets`; the cells' figures do not
+depend on ``--jobs`` (virtual time).
 """
 
 from __future__ import annotations
@@ -39,16 +48,26 @@ from meridian.bench import provenance
 from meridian.bench.offered import OfferedLoad
 from meridian.bench.targets import (
     CAPACITY,
+    DURATION_S,
     LOADS,
     MERIDIAN,
     POLICIES,
+    SEEDS,
     STOCK,
+    WARMUP_S,
     Cell,
     CellResult,
     TargetsRun,
     WorkloadSweep,
 )
-from meridian.bench.targets_render import count_misses, fmt, misses, render_docs, table
+from meridian.bench.targets_render import (
+    count_misses,
+    fmt,
+    misses,
+    render_docs,
+    table,
+    write_attainment,
+)
 from meridian.cli.common import hide_vllm_logs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +91,7 @@ def _cell(cell: Cell) -> tuple[CellResult, OfferedLoad]:
     """One cell in a worker process, a progress line a minute."""
     from meridian.bench.targets import run_cell
 
-    name = f"{cell.workload} {cell.rate:g} req/s {cell.policy}"
+    name = f"{cell.workload} {cell.rate:g} req/s {cell.policy} seed {cell.seed}"
     print(f"  start  {name}", flush=True)
     started = last = time.perf_counter()
 
@@ -88,12 +107,16 @@ def _cell(cell: Cell) -> tuple[CellResult, OfferedLoad]:
 
 
 def _line(row: CellResult) -> str:
+    contended = {None: "?", True: "yes", False: "none"}[row.contended]
     return (
-        f"  done   {row.workload} {row.rate:g} req/s {row.policy} in {row.wall_s / 60:.1f} min: "
-        f"ITL P99 {fmt(row.itl_p99_ms)} ms, TTFVT P95 {fmt(row.ttfvt_p95_s)} s, TTFT P95 "
-        f"{fmt(row.ttft_p95_s)} s, {fmt(row.throughput_tok_s)} tok/s, goodput "
+        f"  done   {row.workload} {row.rate:g} req/s {row.policy} seed {row.seed} in "
+        f"{row.wall_s / 60:.1f} min: ITL P99 {fmt(row.itl_p99_ms)} ms, TTFVT P95 "
+        f"{fmt(row.ttfvt_p95_s)} s, TTFT P95 {fmt(row.ttft_p95_s)} s, "
+        f"{fmt(row.throughput_tok_s)} tok/s, SLO met at 3x hidden/shown "
+        f"{fmt(row.slo_hidden_pct)}/{fmt(row.slo_shown_pct)} %, goodput "
         f"{fmt(row.goodput_req_s)} req/s, recomputed {row.recomputed_tokens:,}, preemptions "
-        f"{row.preemptions_think}/{row.preemptions_answer}, worst gap "
+        f"{row.preemptions_think}/{row.preemptions_answer}, peak KV "
+        f"{fmt(row.kv_used_peak)}, contention {contended}, worst gap "
         f"{row.worst_answer_gap_steps}, queue {'bounded' if row.queue_bounded else 'grows'}"
     )
 
@@ -113,11 +136,20 @@ def main() -> int:
     ap.add_argument("--capacity", type=float, help="req/s (default: the measured one)")
     ap.add_argument("--loads", default=",".join(map(str, LOADS)), help="fractions of capacity")
     ap.add_argument("--rates", help="req/s instead of --loads (comma list; one workload)")
-    ap.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals")
+    ap.add_argument(
+        "--duration", type=float, default=DURATION_S, help=f"seconds of arrivals ({DURATION_S:g})"
+    )
+    ap.add_argument(
+        "--warmup", type=float, default=WARMUP_S,
+        help=f"seconds of arrivals at the start in no statistic ({WARMUP_S:g})",
+    )  # fmt: skip
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--pascal-from", type=float, default=0.9, help="run Pascal from this load")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    ap.add_argument(
+        "--seeds", default=",".join(map(str, SEEDS)),
+        help="the workload's seeds, a cell per seed (comma list; default 0,1,2)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, help="the JSON to write (default: see above)")
     ap.add_argument(
         "--render", nargs="*", metavar="JSON",
@@ -150,12 +182,23 @@ def main() -> int:
                      "pass --capacity")  # fmt: skip
         capacities[workload] = capacity
     policies = args.policies.split(",")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        ap.error(f"--seeds must be a comma list of integers; got {args.seeds!r}")
+    if not 0 <= args.warmup < args.duration:
+        ap.error(
+            f"--warmup ({args.warmup:g}) must be >= 0 and below --duration ({args.duration:g})"
+        )
     cells = []
+    trace_rates: dict[str, float] = {}
     for workload, capacity in capacities.items():
         if args.rates:
             rates = [float(x) for x in args.rates.split(",")]
         else:
             rates = [round(float(x) * capacity, 4) for x in args.loads.split(",")]
+        # Nested loads: each seed's trace is drawn at the highest rate, thinned to the others.
+        trace_rates[workload] = max(rates)
         cells += [
             Cell(
                 workload,
@@ -165,16 +208,20 @@ def main() -> int:
                 rate,
                 policy,
                 args.duration,
-                args.seed,
+                seed,
+                args.warmup,
+                trace_rates[workload],
             )
             for rate in rates
             for policy in policies
+            for seed in seeds
             if policy != POLICIES[2] or rate >= (args.pascal_from - 1e-9) * capacity
         ]
     full = (
         not args.rates and not args.capacity and args.loads == ",".join(map(str, LOADS))
-        and args.policies == ",".join(POLICIES) and args.engine == "vllm" and args.seed == 0
-        and args.duration == 600.0 and args.out is None
+        and args.policies == ",".join(POLICIES) and args.engine == "vllm"
+        and seeds == list(SEEDS) and args.duration == DURATION_S and args.warmup == WARMUP_S
+        and args.out is None
     )  # fmt: skip
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or (
@@ -190,8 +237,8 @@ def main() -> int:
         f"{args.model} on {args.hardware}, engine {args.engine} (vLLM {vllm}), commit "
         f"{commit}{' + uncommitted changes' if dirty else ''}; capacity "
         + ", ".join(f"{w} {c:g} req/s" for w, c in capacities.items())
-        + f"; {len(cells)} runs of {args.duration:g} s of arrivals (seed {args.seed}), "
-        f"{args.jobs} at a time; results to {out}",
+        + f"; {len(cells)} runs of {args.duration:g} s of arrivals (the first {args.warmup:g} s "
+        f"warm-up; seeds {args.seeds}; loads nested), {args.jobs} at a time; results to {out}",
         flush=True,
     )
     started = time.perf_counter()
@@ -202,7 +249,8 @@ def main() -> int:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for n, (cell, (row, load)) in enumerate(zip(order, pool.map(_cell, order), strict=True)):
             rows.append(row)
-            offered[cell.workload][f"{cell.rate:g}"] = load
+            if cell.seed == seeds[0]:
+                offered[cell.workload][f"{cell.rate:g}"] = load
             print(f"{_line(row)} [{n + 1}/{len(order)}, "
                   f"{(time.perf_counter() - started) / 60:.0f} min]", flush=True)  # fmt: skip
     shape = _engine_shape(args.model, args.hardware)
@@ -220,7 +268,9 @@ def main() -> int:
         num_kv_blocks=shape.num_kv_blocks,
         max_num_seqs=shape.max_num_seqs,
         max_num_batched_tokens=shape.max_num_batched_tokens,
-        seed=args.seed,
+        seed=seeds[0],
+        seeds=seeds,
+        warmup_s=args.warmup,
         duration_s=args.duration,
         jobs=args.jobs,
         wall_s=round(time.perf_counter() - started, 1),
@@ -230,8 +280,10 @@ def main() -> int:
                 capacity_req_s=capacities[w],
                 offered=dict(sorted(offered[w].items(), key=lambda kv: float(kv[0]))),
                 cells=sorted(
-                    (r for r in rows if r.workload == w), key=lambda r: (r.rate, r.policy)
+                    (r for r in rows if r.workload == w),
+                    key=lambda r: (r.rate, r.policy, r.seed),
                 ),
+                trace_rate=trace_rates[w],
             )
             for w in workloads
         ],
@@ -240,6 +292,9 @@ def main() -> int:
     out.write_text(json.dumps(run.model_dump(mode="json"), indent=1) + "\n", encoding="utf-8")
     _print(run)
     print(f"wrote {out}")
+    base = REPO / "docs" / "img" / out.stem if full else out.with_suffix("")
+    for plot in write_attainment(run, base):
+        print(f"wrote {plot}")
     if full:
         _write_docs(run)
     return 0

@@ -64,9 +64,10 @@ GENERATED_NOTICE = (
 ADVICE: dict[str, str] = {
     # [scheduler]
     "scheduler.think_tpot_budget_ms": (
-        "Used for the TTFVT SLO of reasoning requests in `meridian bench sim` reports (2 s + this "
-        "x think tokens requested); think rows are not paced by it. Set it to the per-token wait "
-        "your users accept for reasoning."
+        "Read by nothing since issue 44: `meridian bench sim` reports took their TTFVT SLO from "
+        "it (2 s + this x think tokens requested) and now hold each request to a multiple of its "
+        "own latency on an idle engine (docs/simulator.md, Metrics); an explicit SLO is "
+        "`--think-tpot-slo-ms`. Think rows are not paced by it."
     ),
     "scheduler.output_tpot_budget_ms": (
         "Your answer-stream ITL target. It sizes the output budget (rows per step whose step "

@@ -10,16 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from meridian.bench.slo import ExplicitSlo, SloSpec, Window, meets_explicit
 from meridian.bench.summary import (
     MAX_SERIES_POINTS,
     PolicySummary,
-    SloSpec,
     downsample,
-    meets_slo,
     round_sig,
     summarize,
 )
-from meridian.config.schema import SchedulerConfig
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import ConfigError
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
@@ -32,6 +30,14 @@ CHAT = RequestKind.CHAT
 
 def ns(seconds: float) -> int:
     return round(seconds * 1e9)
+
+
+def explicit(**bounds: float) -> SloSpec:
+    """The explicit (fixed) SLO the hand-made figures below are worked out against."""
+    return SloSpec(explicit=ExplicitSlo(**bounds))
+
+
+EXPLICIT = explicit()
 
 
 def record(
@@ -76,8 +82,9 @@ def hand_made_run() -> SimResult:
 
     A: reasoning, forced (converged) at 50 of 100 think tokens, before its settle point 60, so
        its answer is wrong; ITL gaps 40, 60, 30 ms (P95 58 ms: misses the 50 ms ITL SLO); answer
-       steps 10, 11, 14, 15.
-    B: reasoning, 200 think tokens unforced (correct); gaps 20, 20 ms: meets both SLOs.
+       steps 10, 11, 14, 15; preempted twice while thinking, 50 tokens recomputed.
+    B: reasoning, 200 think tokens unforced (correct); gaps 20, 20 ms: meets both SLOs; preempted
+       once thinking and once answering, 27 tokens recomputed.
     C: chat (no verdict); TTFVT 2.5 s > the 2 s base: misses the TTFVT SLO; steps 20, 22.
     D: reasoning, forced (hard cap) at 250 of 300, after its settle point 100 (correct); meets
        both SLOs.
@@ -105,6 +112,10 @@ def hand_made_run() -> SimResult:
             correct=True, finished=False,
         ),
     ]  # fmt: skip
+    records[0].preemptions_by_phase = {Phase.THINK: 2}
+    records[0].num_recomputed_tokens = 50
+    records[1].preemptions_by_phase = {Phase.THINK: 1, Phase.OUTPUT: 1}
+    records[1].num_recomputed_tokens = 27
     counters = RunCounters(
         num_steps=40,
         num_scheduled_rows=90,
@@ -118,7 +129,7 @@ def hand_made_run() -> SimResult:
 
 @pytest.fixture(scope="module")
 def summary() -> PolicySummary:
-    return summarize(hand_made_run(), SloSpec())
+    return summarize(hand_made_run(), EXPLICIT)
 
 
 approx = pytest.approx
@@ -197,6 +208,7 @@ def test_think_tokens_saved_ignores_unfinished_think(summary: PolicySummary) -> 
 
 
 def test_counters_and_worst_gap(summary: PolicySummary) -> None:
+    # Preemptions and recomputed tokens are the measured requests' own (here: every request).
     assert summary.preemptions.model_dump() == {"prefill": 0, "think": 3, "output": 1}
     assert summary.num_recomputed_tokens == 77
     # The engine's work is the run-wide counter, not anything derived from the records.
@@ -209,33 +221,39 @@ def test_throughput_and_goodput(summary: PolicySummary) -> None:
     assert summary.throughput_tok_s == approx(631 / 5.12, rel=1e-5)
     # Only B and D meet both SLOs (A misses ITL and is wrong, C misses TTFVT, E unfinished).
     assert summary.num_slo_met == 2
-    assert summary.goodput_req_s == approx(2 / 5.12, rel=1e-5)
+    # Per second of the arrival window (first arrival 0 s to just after the last, 3 s), not of
+    # the makespan: a straggler does not move it.
+    assert summary.window_s == approx(3.0)
+    assert summary.goodput_req_s == approx(2 / 3.0, rel=1e-5)
     assert summary.slo_met_pct == 40.0
+    # No step-time model, no idle latency: no attainment curves, no queued count.
+    assert summary.attainment is None
+    assert summary.contention is not None and summary.contention.num_queued_requests is None
 
 
 def test_goodput_follows_the_slo() -> None:
     run = hand_made_run()
     # A 60 ms ITL SLO admits A's latencies (P95 58 ms) but A's answer is wrong; a 2.5 s base
     # admits C (TTFVT 2.5 s, at the edge).
-    loose_slo = SloSpec(ttfvt_base_s=2.5, output_itl_s=0.060)
+    loose_slo = explicit(ttfvt_base_s=2.5, output_itl_s=0.060)
     assert summarize(run, loose_slo).num_slo_met == 3
     run.records[0].answer_correct = None  # no verdict: only the latencies count
     assert summarize(run, loose_slo).num_slo_met == 4
     run = hand_made_run()
     # A TTFVT allowance of 0.01 s per think token: B needs 3.5 <= 2 + 2.0, D 2.6 <= 2 + 3.0.
-    tight = summarize(run, SloSpec(think_tpot_s=0.01))
+    tight = summarize(run, explicit(think_tpot_s=0.01))
     assert tight.num_slo_met == 2
-    tighter = summarize(run, SloSpec(think_tpot_s=0.005))  # B: 3.5 > 3.0 now
+    tighter = summarize(run, explicit(think_tpot_s=0.005))  # B: 3.5 > 3.0 now
     assert tighter.num_slo_met == 1
 
 
 def test_slo_edges_are_inclusive() -> None:
     r = record("X", CHAT, 0.0, first_token=2.0, answers=(2.0, 2.05, 2.10), steps=(1, 2, 3))
-    assert meets_slo(r, SloSpec())  # TTFVT exactly 2 s, every gap exactly 50 ms
-    assert not meets_slo(r, SloSpec(output_itl_s=0.049))
-    assert not meets_slo(r, SloSpec(ttfvt_base_s=1.999))
+    assert meets_explicit(r, ExplicitSlo())  # TTFVT exactly 2 s, every gap exactly 50 ms
+    assert not meets_explicit(r, ExplicitSlo(output_itl_s=0.049))
+    assert not meets_explicit(r, ExplicitSlo(ttfvt_base_s=1.999))
     one_token = record("Y", CHAT, 0.0, first_token=1.0, answers=(1.0,), steps=(1,))
-    assert meets_slo(one_token, SloSpec())  # no gap, nothing to violate
+    assert meets_explicit(one_token, ExplicitSlo())  # no gap, nothing to violate
 
 
 def test_hand_made_answer_accuracy(summary: PolicySummary) -> None:
@@ -246,7 +264,7 @@ def test_hand_made_answer_accuracy(summary: PolicySummary) -> None:
 def two_request_run(correct: bool | None) -> SimResult:
     """X: a reasoning request meeting both SLOs by its latencies (TTFVT 1 s, gaps 20 ms),
     with verdict ``correct``; Y: a chat request meeting both (TTFVT 1.96 s, one 40 ms gap).
-    Makespan 2 s; generated tokens 40 + 3 + 2 = 45."""
+    Makespan 2 s (the window, :data:`TWO_S`); generated tokens 40 + 3 + 2 = 45."""
     x = record(
         "X", REASONING, 0.0, think_requested=100, think=40, settle=60, first_token=0.3,
         think_end=0.99, answers=(1.0, 1.02, 1.04), steps=(5, 6, 7),
@@ -256,11 +274,14 @@ def two_request_run(correct: bool | None) -> SimResult:
     return SimResult("meridian", "model", 16, [x, y], [], RunCounters(), end_ns=ns(2.0))
 
 
+TWO_S = Window(0, ns(2.0))
+
+
 @pytest.mark.parametrize("correct", [True, None])
 def test_goodput_counts_a_request_whose_answer_is_not_wrong(correct: bool | None) -> None:
     run = two_request_run(correct)
-    assert meets_slo(run.records[0], SloSpec())
-    s = summarize(run, SloSpec())
+    assert meets_explicit(run.records[0], ExplicitSlo())
+    s = summarize(run, EXPLICIT, window=TWO_S)
     assert s.num_slo_met == 2
     assert s.goodput_req_s == approx(1.0)
     assert s.slo_met_pct == 100.0
@@ -268,9 +289,9 @@ def test_goodput_counts_a_request_whose_answer_is_not_wrong(correct: bool | None
 
 def test_goodput_excludes_a_wrong_answer_that_meets_the_slos() -> None:
     run = two_request_run(False)
-    assert not meets_slo(run.records[0], SloSpec())
-    assert meets_slo(run.records[1], SloSpec())
-    s = summarize(run, SloSpec())
+    assert not meets_explicit(run.records[0], ExplicitSlo())
+    assert meets_explicit(run.records[1], ExplicitSlo())
+    s = summarize(run, EXPLICIT, window=TWO_S)
     assert s.num_slo_met == 1
     assert s.goodput_req_s == approx(0.5)
     assert s.slo_met_pct == 50.0
@@ -297,12 +318,12 @@ def test_answer_accuracy_counts_finished_requests_with_a_verdict() -> None:
     ]
     assert records[4].answer_correct is None
     run = SimResult("meridian", "model", 16, records, [], RunCounters(), end_ns=ns(1.0))
-    s = summarize(run, SloSpec())
+    s = summarize(run, EXPLICIT)
     assert s.answer_accuracy_pct == 75.0  # 3 of the 4 finished reasoning requests
     # Without any verdict (e.g. a real server's run) there is no accuracy, not 0 % or 100 %.
     for r in records:
         r.answer_correct = None
-    assert summarize(run, SloSpec()).answer_accuracy_pct is None
+    assert summarize(run, EXPLICIT).answer_accuracy_pct is None
 
 
 def test_pace_delivery_spaces_answer_tokens() -> None:
@@ -339,7 +360,7 @@ def test_paced_delivery_is_what_the_itl_measures() -> None:
     r.pace_delivery(ns(0.03))
     assert r.answer_token_ns == [ns(0.5), ns(0.53), ns(0.56), ns(0.6)]
     run = SimResult("pascal", "model", 16, [r], [], RunCounters(), end_ns=ns(0.6))
-    s = summarize(run, SloSpec())
+    s = summarize(run, EXPLICIT)
     assert s.output_itl_s.count == 3
     assert s.output_itl_s.p50 == approx(0.03)
     assert s.output_itl_s.max == approx(0.04)
@@ -383,7 +404,7 @@ def test_empty_run_gives_nulls_not_errors() -> None:
     assert s.num_requests == 0
     assert s.answer_accuracy_pct is None and s.num_scheduled_tokens == 0
     assert s.ttft_s.count == 0 and s.ttft_s.p50 is None and s.output_itl_s.p99 is None
-    assert s.throughput_tok_s is None and s.goodput_req_s is None
+    assert s.throughput_tok_s is None and s.goodput_req_s == 0.0
     assert s.premature_force_pct is None and s.worst_answer_gap_steps is None
     assert s.distributions.output_itl_s.quantiles == []
     assert s.series.time_s == []
@@ -420,7 +441,7 @@ def test_downsample_keeps_spikes_and_is_deterministic() -> None:
 def test_floats_are_rounded_to_six_significant_digits() -> None:
     run = hand_made_run()
     run.records[0].answer_token_ns[1] += 1  # a gap of 40.000001 ms
-    s = summarize(run, SloSpec())
+    s = summarize(run, EXPLICIT)
 
     def floats(value: object) -> list[float]:
         if isinstance(value, float):
@@ -451,14 +472,15 @@ def test_round_sig_rejects_non_finite() -> None:
         round_sig(float("nan"))
 
 
-def test_slo_spec_validation_and_config() -> None:
+def test_slo_spec_validation() -> None:
     with pytest.raises(ConfigError, match=r"slo\.output_itl_s must be a positive"):
-        SloSpec(output_itl_s=0.0)
+        ExplicitSlo(output_itl_s=0.0)
     with pytest.raises(ConfigError, match=r"slo\.ttfvt_base_s"):
-        SloSpec(ttfvt_base_s=float("nan"))
-    slo = SloSpec.from_scheduler(SchedulerConfig(think_tpot_budget_ms=40.0))
-    assert slo.think_tpot_s == 0.04
-    assert slo.ttfvt_slo_s(100) == approx(6.0)
+        ExplicitSlo(ttfvt_base_s=float("nan"))
+    with pytest.raises(ConfigError, match=r"slo\.scale"):
+        SloSpec(scale=-1.0)
+    assert "3 × its latency on an idle engine" in SloSpec().describe()
+    assert "explicit SLO" in EXPLICIT.describe()
 
 
 @st.composite
@@ -505,7 +527,7 @@ def random_runs(draw: st.DrawFn) -> SimResult:
 @given(random_runs())
 @settings(max_examples=60, deadline=None)
 def test_summary_invariants(run: SimResult) -> None:
-    s = summarize(run, SloSpec())
+    s = summarize(run, EXPLICIT)
     for p in (s.ttft_s, s.ttfvt_s, s.ttot_s, s.output_itl_s, s.think_tokens):
         if p.count:
             assert p.p50 is not None and p.p95 is not None and p.p99 is not None
@@ -525,7 +547,7 @@ def test_summary_invariants(run: SimResult) -> None:
     # Each share is rounded to 6 significant digits (Sig6): up to 5e-5 off apiece below 100.
     assert forced.converged + forced.overthinking + forced.hard_cap <= 100.0 + 1e-3
     assert s.think_tokens_saved >= 0
-    if s.goodput_req_s is not None and s.makespan_s:
-        assert s.goodput_req_s <= s.num_finished / s.makespan_s * (1 + 1e-5)
-    assert summarize(run, SloSpec()) == s  # deterministic
+    if s.window_s:
+        assert s.goodput_req_s == approx(s.num_slo_met / s.window_s, rel=1e-5)
+    assert summarize(run, EXPLICIT) == s  # deterministic
     assert np.isfinite([v for v in s.distributions.output_itl_s.quantiles]).all()

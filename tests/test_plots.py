@@ -10,7 +10,8 @@ import pytest
 
 from meridian.bench.plots import write_cluster_plots, write_plots, write_sweep_plots
 from meridian.bench.report import SimReport, build_sweep_report
-from meridian.bench.summary import SloSpec, summarize
+from meridian.bench.slo import SloSpec
+from meridian.bench.summary import summarize
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import MeridianError
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample

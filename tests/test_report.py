@@ -34,7 +34,8 @@ from meridian.bench.report_render import (
     write_report,
     write_sweep_report,
 )
-from meridian.bench.summary import PolicySummary, SloSpec, summarize
+from meridian.bench.slo import ExplicitSlo, SloSpec, Window
+from meridian.bench.summary import PolicySummary, summarize
 from meridian.core.types import ForceReason, Phase
 from meridian.errors import MeridianError
 from meridian.sim.records import RequestRecord, RunCounters, SimResult, TimeSample
@@ -85,6 +86,9 @@ def run(
                 answer_token_step=[3 * k for k in range(5)],
             )
         )
+    # The run's preemptions and recomputed tokens, on its first request (per-request figures).
+    records[0].preemptions_by_phase = {Phase.OUTPUT: output_preemptions, Phase.THINK: 2}
+    records[0].num_recomputed_tokens = recomputed
     counters = RunCounters(
         num_steps=100,
         num_scheduled_rows=600,
@@ -108,7 +112,8 @@ def report(rate: float = 4.0, **overrides: Any) -> SimReport:
         ),
         "static-budget": run("static-budget", 21, 1100, think=300),
     }
-    slo = SloSpec()
+    slo = SloSpec(explicit=ExplicitSlo())
+    window = Window.of_run(3.0)  # goodput per second of a 3-s arrival window
     fields: dict[str, Any] = {
         "workload": "synthetic",
         "seed": 7,
@@ -118,7 +123,7 @@ def report(rate: float = 4.0, **overrides: Any) -> SimReport:
         "slo": slo,
         "policies": list(runs),
         "arrival_rate": rate,
-        "summaries": {p: summarize(r, slo) for p, r in runs.items()},
+        "summaries": {p: summarize(r, slo, window=window) for p, r in runs.items()},
     }
     fields.update(overrides)
     return SimReport(**fields)
@@ -178,6 +183,8 @@ def test_headline_metrics_order() -> None:
         "TTFT P95",
         "throughput",
         "goodput",
+        "SLO attainment at 3× (reasoning hidden)",
+        "SLO attainment at 3× (reasoning shown)",
         "think tokens avg",
         "answer accuracy (model)",
         "worst answer gap",
@@ -194,6 +201,8 @@ def test_headline_metrics_order() -> None:
         "ttft_p95_s",
         "throughput_tok_s",
         "goodput_req_s",
+        "slo_hidden_pct",
+        "slo_shown_pct",
         "think_tokens_avg",
         "answer_accuracy_pct",
         "worst_answer_gap_steps",
@@ -202,7 +211,13 @@ def test_headline_metrics_order() -> None:
         "recomputed_tokens",
     ]
     higher = {m.label for m in HEADLINE_METRICS if m.direction is Direction.HIGHER}
-    assert higher == {"throughput", "goodput", "answer accuracy (model)"}
+    assert higher == {
+        "throughput",
+        "goodput",
+        "SLO attainment at 3× (reasoning hidden)",
+        "SLO attainment at 3× (reasoning shown)",
+        "answer accuracy (model)",
+    }
 
 
 # --- A/B ------------------------------------------------------------------------------------------
@@ -269,7 +284,8 @@ def test_ab_report_files(tmp_path: Path) -> None:
     )
     assert "Δ vs `vllm-fcfs+forcing`" in md and "Δ vs `static-budget`" in md
     assert "-62.5 % WIN" in md  # output ITL P99 against vllm-fcfs+forcing: 21 vs 56 ms
-    assert "| goodput | requests/s | higher is better | 2.091 | 0 | 2.426 | base 0: WIN |" in md
+    # Goodput per second of the 3-s arrival window: all 6 of Meridian's requests meet the SLO.
+    assert "| goodput | requests/s | higher is better | 2 | 0 | 2 | base 0: WIN |" in md
     assert "## Where Meridian loses" in md
     assert "- **TTFVT P50** vs `static-budget`" in md
     assert "|Δ| < 2 % is FLAT" in md and "≥ 10 % worse is LOSS" in md
@@ -289,7 +305,7 @@ def test_report_json_is_byte_identical_and_canonical(tmp_path: Path) -> None:
     assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
     assert str(tmp_path) not in text
     data = json.loads(text)
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert data["summaries"]["meridian"]["output_itl_s"]["p50"] == 0.0205
     # The defaults of the run parameters added in schema version 2.
     assert data["engine"] == "model" and data["async_scheduling"] is False
@@ -326,7 +342,7 @@ def test_report_round_trips_through_the_schema(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     data["schema_version"] = 1  # a report of the previous schema is refused, not misread
     path.write_text(json.dumps(data))
-    with pytest.raises(MeridianError, match=r"not a valid SimReport \(schema_version 2\)"):
+    with pytest.raises(MeridianError, match=r"not a valid SimReport \(schema_version 3\)"):
         load_report(path, SimReport)
     with pytest.raises(MeridianError, match="report not found"):
         load_report(tmp_path / "missing.json", SimReport)
@@ -367,11 +383,11 @@ ENGINE_SHAPE: dict[str, Any] = {
 }
 
 
-def test_report_with_forcing_round_trips_as_schema_2(tmp_path: Path) -> None:
+def test_report_with_forcing_round_trips_as_schema_3(tmp_path: Path) -> None:
     r = report(static_cap=280, forcing=FORCING, **ENGINE_SHAPE)
     path = write_report(r, tmp_path)[0]
     data = json.loads(path.read_text())
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert data["engine"] == "vllm" and data["async_scheduling"] is True
     assert (data["max_num_seqs"], data["max_num_batched_tokens"], data["num_kv_blocks"]) == (
         256,

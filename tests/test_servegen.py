@@ -349,8 +349,8 @@ def test_each_clients_lengths_follow_its_table() -> None:
 def test_a_runs_lengths_follow_the_rate_weighted_mixture_of_the_tables(start_s: int) -> None:
     """Over a whole run the lengths are the mixture of the clients' tables weighted by their
     expected requests: KS within the 99 % band + 0.005 for prompt and output, and mean think
-    and answer tokens within 3 % of the mixture's (think = output x ratio, drawn independently
-    per request)."""
+    and answer tokens within 3 % of the mixture's (think = output x ratio, both from the
+    request's one uniform: the mean of the product of the two inverse CDFs)."""
     data = load_servegen()
     draw = draw_servegen(data, 20.0, 1800.0, np.random.default_rng(5), start_s=start_s)
     pieces = plan_pieces(data, 20.0, 1800.0, start_s)
@@ -374,7 +374,7 @@ def test_a_runs_lengths_follow_the_rate_weighted_mixture_of_the_tables(start_s: 
         return float(np.sum((k[1:] + k[:-1]) / 2 * dq))
 
     think = sum(
-        w * mean(p.table.output_tokens) * mean(p.table.reason_ratio)
+        w * mean(list(np.multiply(p.table.output_tokens, p.table.reason_ratio)))
         for w, p in zip(weights, pieces, strict=True)
     )
     output = sum(w * mean(p.table.output_tokens) for w, p in zip(weights, pieces, strict=True))
@@ -460,3 +460,56 @@ def test_any_span_is_well_formed(rate: float, duration: float, start: int, seed:
         assert draw.arrival_ns[0] >= 0 and draw.arrival_ns[-1] < duration * 1e9
     assert np.all(draw.prompt >= 1) and np.all(draw.answer >= 1) and np.all(draw.think >= 0)
     assert np.all(draw.think + draw.answer == draw.output)
+
+
+REFERENCE = REPO / "src" / "meridian" / "bench" / "data" / "servegen-reference.json"
+# Meridian against ServeGen's own generator, over the same seeds, rate and span. Means within
+# 2.5 %, medians within 3 %, P90 within 6 %: the committed tables are inverse CDFs at every 1/64
+# (plus 0.99, 0.995, 0.999) interpolated linearly, which moves the tails a little (the input
+# tokens' P90 is 4.6 % high at 00:00; everything else is within 2 %). Drawn independently, as
+# before issue 44, reasoning's mean was 7.9 % short and its P90 10-26 %: outside these bounds.
+TOLERANCE = {"mean": 0.025, "p50": 0.03, "p90": 0.06}
+
+
+@pytest.mark.parametrize("start", ["00:00", "10:00"])
+def test_the_coupled_draw_matches_servegens_own_generator(start: str) -> None:
+    reference = json.loads(REFERENCE.read_text(encoding="utf-8"))
+    assert reference["command"].startswith("scripts/servegen_reference.py")
+    assert reference["servegen_commit"] == load_servegen().source.commit[:7]
+    figures = reference["starts"][start]
+    columns: dict[str, list[FloatArray]] = {"input": [], "output": [], "reason": []}
+    for seed in range(reference["seeds"]):
+        draw = draw_servegen(
+            load_servegen(),
+            reference["rate_req_s"],
+            float(reference["duration_s"]),
+            np.random.default_rng(seed),
+            start_s=start_of(f"servegen-r1@{start}"),
+        )
+        columns["input"].append(draw.prompt.astype(np.float64))
+        columns["output"].append(draw.output.astype(np.float64))
+        columns["reason"].append(draw.think.astype(np.float64))
+    for field, values in columns.items():
+        pooled = np.concatenate(values)
+        p50, p90 = np.percentile(pooled, [50, 90])
+        mine = {"mean": pooled.mean(), "p50": p50, "p90": p90}
+        theirs = figures[f"{field}_tokens"]
+        for stat, bound in TOLERANCE.items():
+            assert mine[stat] == pytest.approx(theirs[stat], rel=bound), (field, stat)
+    # ServeGen's examples start at 00:00, where the outputs are half as long as at 10:00 (the
+    # default): the time of day is part of the workload.
+    other = reference["starts"]["10:00" if start == "00:00" else "00:00"]
+    assert abs(figures["output_tokens"]["mean"] / other["output_tokens"]["mean"] - 1) > 0.5
+
+
+def test_lengths_are_rank_coupled_within_a_clients_window() -> None:
+    # One uniform per request: within one client's window, a longer output never comes with a
+    # shorter prompt (the tables are inverse CDFs, non-decreasing in the uniform).
+    draw = draw_servegen(load_servegen(), 3.0, 600.0, np.random.default_rng(0))
+    for client in np.unique(draw.client)[:20]:
+        mask = draw.client == client
+        order = np.argsort(draw.output[mask], kind="stable")
+        prompts = draw.prompt[mask][order]
+        outputs = draw.output[mask][order]
+        ties = np.diff(outputs) == 0  # equal outputs may come from different uniforms
+        assert np.all((np.diff(prompts) >= 0) | ties)

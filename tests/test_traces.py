@@ -251,9 +251,10 @@ def test_error_not_utf8(tmp_path: Path) -> None:
 
 def test_write_errors(tmp_path: Path) -> None:
     spec = RequestSpec("x", 0, 1, 0, 1, RequestKind.CHAT)
-    write_trace(tmp_path / "missing-dir" / "t.jsonl", [spec])  # its folder is made
-    assert [s.request_id for s in read_trace(tmp_path / "missing-dir" / "t.jsonl")] == ["x"]
-    (tmp_path / "a-file").write_text("")
+    # A folder that does not exist yet is created (bench sim --export-trace NEW/DIR/t.jsonl).
+    write_trace(tmp_path / "missing-dir" / "sub" / "t.jsonl", [spec])
+    assert [r.request_id for r in read_trace(tmp_path / "missing-dir" / "sub" / "t.jsonl")] == ["x"]
+    (tmp_path / "a-file").write_text("not a folder")
     with pytest.raises(TraceError, match="cannot write trace file"):
         write_trace(tmp_path / "a-file" / "t.jsonl", [spec])
     bad = np.array([0.1, np.nan], dtype=np.float32)

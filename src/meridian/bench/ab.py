@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
+from meridian.bench.slo import GOODPUT_SCALE, UserModel
 from meridian.bench.summary import PolicySummary, Sig6
 
 FLAT_BELOW_PCT = 2.0
@@ -35,8 +36,9 @@ BIG_FROM_PCT = 10.0
 THRESHOLDS_TEXT = (
     "Flags: |Δ| < 2 % is FLAT; 2–10 % better is win, ≥ 10 % better is WIN; 2–10 % worse is "
     "loss, ≥ 10 % worse is LOSS. Better means lower for latencies, think tokens, answer gaps, "
-    "preemptions and recomputed tokens, and higher for throughput, goodput and accuracy. When "
-    "the baseline is 0 the comparison is absolute: equal is FLAT, better is WIN, worse is LOSS."
+    "preemptions and recomputed tokens, and higher for throughput, goodput, SLO attainment and "
+    "accuracy. When the baseline is 0 the comparison is absolute: equal is FLAT, better is WIN, "
+    "worse is LOSS."
 )
 
 
@@ -73,6 +75,11 @@ class HeadlineMetric:
     read: Callable[[PolicySummary], float | None]
 
 
+def _attained(summary: PolicySummary, user: UserModel) -> float | None:
+    a = summary.attainment
+    return None if a is None else a.pct_at(user, GOODPUT_SCALE)
+
+
 # The order is the order of the report: the metrics users feel first.
 HEADLINE_METRICS: tuple[HeadlineMetric, ...] = (
     HeadlineMetric(
@@ -90,6 +97,14 @@ HEADLINE_METRICS: tuple[HeadlineMetric, ...] = (
     ),
     HeadlineMetric(
         "goodput_req_s", "goodput", "requests/s", Direction.HIGHER, lambda s: s.goodput_req_s
+    ),
+    HeadlineMetric(
+        "slo_hidden_pct", f"SLO attainment at {GOODPUT_SCALE:g}× (reasoning hidden)", "%",
+        Direction.HIGHER, lambda s: _attained(s, UserModel.HIDDEN),
+    ),
+    HeadlineMetric(
+        "slo_shown_pct", f"SLO attainment at {GOODPUT_SCALE:g}× (reasoning shown)", "%",
+        Direction.HIGHER, lambda s: _attained(s, UserModel.SHOWN),
     ),
     HeadlineMetric(
         "think_tokens_avg", "think tokens avg", "tokens", Direction.LOWER,

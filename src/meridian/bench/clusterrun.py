@@ -13,8 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from meridian.bench.attainment import contention
 from meridian.bench.report import SimReport
 from meridian.bench.simrun import (
     SimRunSpec,
@@ -23,8 +24,10 @@ from meridian.bench.simrun import (
     forcing_summaries,
     prepare_run,
     run_parameters,
+    summaries,
+    window_for,
 )
-from meridian.bench.summary import Sig6, summarize
+from meridian.bench.summary import Sig6
 from meridian.core.routing import RoutingConfig
 from meridian.errors import MeridianError
 from meridian.sim.cluster import Cluster, ClusterRun, ModelReplica, Replica, VllmReplica
@@ -90,7 +93,7 @@ def run_cluster(
     engine: str,
 ) -> ClusterRun:
     """One (router, policy) pair on ``cluster.replicas`` engines of kind ``engine``."""
-    itl_ns = int(run.slo.output_itl_s * 1e9)
+    itl_ns = int(run.answer_pace_s * 1e9)
     chosen = streams.streams(streams.forcing_of(policy))
 
     def make_replica(on_finish: Callable[[str], None]) -> Replica:
@@ -147,6 +150,20 @@ class ClusterReport(SimReport):
     replicas: int
     stats_period_s: Sig6 | None = None
     holds: dict[str, HoldSummary]
+    kv_used_peak_replica: dict[str, Sig6] = Field(
+        default_factory=dict,
+        description="Each run's fullest replica: the largest share of one replica's KV blocks "
+        "in use, from the warm-up's end on (the summaries' peak is the cluster's total).",
+    )
+
+
+def replica_kv_peak(run: ClusterRun, spec: SimRunSpec, requests: Sequence[RequestSpec]) -> float:
+    """The largest KV share any one replica reached after the warm-up."""
+    window = window_for(spec, requests)
+    return max(
+        (contention(r, window.measured(r.records), window).kv_used_peak for r in run.replicas),
+        default=0.0,
+    )
 
 
 def simulate_cluster(
@@ -183,10 +200,13 @@ def simulate_cluster(
         **run_parameters(spec, engine_config),
         policies=list(runs),
         arrival_rate=arrival_rate,
-        summaries={name: summarize(run.result, spec.slo) for name, run in runs.items()},
+        summaries=summaries(
+            spec, {k: r.result for k, r in runs.items()}, requests, engine_config, step_model
+        ),
         forcing=forcing_summaries(streams, []) if has_reasoning else [],
         replicas=cluster.replicas,
         stats_period_s=cluster.stats_period_s,
         holds={name: HoldSummary.of(run) for name, run in runs.items()},
+        kv_used_peak_replica={k: replica_kv_peak(r, spec, requests) for k, r in runs.items()},
     )
     return report, runs

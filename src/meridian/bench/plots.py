@@ -3,7 +3,8 @@
 :func:`write_plots` draws one run per policy from either the raw :class:`SimResult` (exact CDFs)
 or a :class:`PolicySummary` (CDFs redrawn from its 0..100 % quantile sketch, e.g. from a saved
 ``report.json``). :func:`write_sweep_plots` draws the headline chart: goodput and output ITL P99
-against arrival rate.
+against arrival rate. :func:`write_attainment_plot` draws SLO attainment against the SLO's
+scale, a panel per user model (and per load, for a sweep).
 
 NOTE: figures are built with ``matplotlib.figure.Figure`` and the Agg canvas directly instead of
 ``pyplot``: no global backend switch, no figure registry to leak, nothing to close, and it is
@@ -23,10 +24,10 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from meridian.bench.report import CANDIDATE, SweepPoint, SweepReport
+from meridian.bench.slo import GOODPUT_SCALE, SloSpec
 from meridian.bench.summary import (
     FloatArray,
     PolicySummary,
-    SloSpec,
     TimeSeries,
     collect_distributions,
     downsample,
@@ -257,13 +258,14 @@ def write_plots(
     """Draw every per-run plot into ``out_dir`` (created if missing); returns the PNG paths.
 
     ``runs`` maps policy name to its run (raw result or summary), drawn in mapping order with a
-    fixed colour per position. ``slo`` adds the output-ITL SLO line to the ITL CDF.
+    fixed colour per position. ``slo`` adds a line to the ITL CDF: the explicit SLO's ITL bound,
+    or the stall bound no answer gap may exceed.
     """
     if not runs:
         raise MeridianError("nothing to plot: no policy runs were given")
     out_dir.mkdir(parents=True, exist_ok=True)
     curves = [_curves(policy, run) for policy, run in runs.items()]
-    itl_slo_ms = None if slo is None else slo.output_itl_s * 1000.0
+    itl_slo_ms = None if slo is None else _itl_line_s(slo) * 1000.0
     return [
         _cdf_figure(
             curves,
@@ -315,6 +317,59 @@ def write_plots(
     ]
 
 
+def _itl_line_s(slo: SloSpec) -> float:
+    return slo.stall_s if slo.explicit is None else slo.explicit.output_itl_s
+
+
+# (panel title, {policy: (scales, attainment %)}): one panel of an attainment figure.
+AttainmentPanel = tuple[str, Mapping[str, tuple[Sequence[float], Sequence[float]]]]
+
+
+def attainment_panels(summaries: Mapping[str, PolicySummary]) -> list[AttainmentPanel]:
+    """The two panels of one run: reasoning hidden and shown (policies without curves left
+    out)."""
+    hidden = {p: (s.attainment.scales, s.attainment.hidden_pct) for p, s in _curved(summaries)}
+    shown = {p: (s.attainment.scales, s.attainment.shown_pct) for p, s in _curved(summaries)}
+    return [("reasoning hidden (first visible = first answer token)", hidden),
+            ("reasoning shown (first visible = first think token)", shown)]  # fmt: skip
+
+
+def _curved(summaries: Mapping[str, PolicySummary]) -> list[tuple[str, Any]]:
+    return [(p, s) for p, s in summaries.items() if s.attainment is not None]
+
+
+def write_attainment_plot(
+    rows: Sequence[Sequence[AttainmentPanel]], title: str, path: Path
+) -> Path:
+    """SLO attainment (%) against the SLO's scale (x each request's idle latency): ``rows`` of
+    panels (a row per run or load; :func:`attainment_panels` gives one run's), a line per
+    policy in a fixed colour, the goodput scale marked."""
+    if not rows or not any(lines for row in rows for _, lines in row):
+        raise MeridianError("nothing to plot: no run has attainment curves")
+    num_cols = max(len(row) for row in rows)
+    height = _stacked_height(len(rows), 3.2)
+    fig = _figure(5.0 * num_cols, height, top_in=0.9)
+    fig.subplots_adjust(wspace=0.25)
+    fig.suptitle(title)
+    policies = list(dict.fromkeys(p for row in rows for _, lines in row for p in lines))
+    for r, row in enumerate(rows):
+        for c, (panel, lines) in enumerate(row):
+            ax = fig.add_subplot(len(rows), num_cols, r * num_cols + c + 1)
+            for policy, (scales, pct) in lines.items():
+                i = policies.index(policy)
+                ax.plot(scales, pct, color=_color(i), linewidth=_line_width(policy), label=policy)
+            ax.axvline(GOODPUT_SCALE, color="black", linestyle=":", linewidth=1.0)
+            ax.set_title(panel, fontsize="medium")
+            ax.set_ylim(0.0, 101.0)
+            ax.set_xlabel("SLO scale (× the request's latency on an idle engine)")
+            ax.set_ylabel("requests meeting the SLO (%)")
+            ax.grid(True, alpha=0.3)
+            if r == 0 and c == 0 and lines:
+                ax.legend(loc="lower right", fontsize="small")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, path)
+
+
 @dataclass(frozen=True, slots=True)
 class _SweepChart:
     file_name: str
@@ -328,7 +383,7 @@ class _SweepChart:
 _SWEEP_CHARTS = (
     _SweepChart(
         "sweep-goodput.png",
-        "Goodput (requests meeting both SLOs) vs arrival rate",
+        "Goodput (requests meeting the SLO per second of arrivals) vs arrival rate",
         "goodput (requests/s)",
         1.0,
         lambda pt: pt.goodput_req_s,
@@ -348,8 +403,9 @@ _SWEEP_CHARTS = (
 def write_sweep_plots(sweep: SweepReport, out_dir: Path) -> list[Path]:
     """Goodput and output ITL P99 against arrival rate, a line per policy (the headline chart).
 
-    Writes ``sweep-goodput.png`` and ``sweep-output-itl-p99.png``; the ITL chart shows the ITL SLO
-    as a dashed line (the SLO bounds each request's P95, so it is a reference, not a limit).
+    Writes ``sweep-goodput.png`` and ``sweep-output-itl-p99.png``; with an explicit SLO the ITL
+    chart shows its ITL bound as a dashed line (it bounds each request's P95, so it is a
+    reference, not a limit).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     rates = [pt.arrival_rate for pt in sweep.points]
@@ -364,13 +420,13 @@ def write_sweep_plots(sweep: SweepReport, out_dir: Path) -> list[Path]:
             ax.plot(
                 rates, y, marker="o", color=_color(i), linewidth=_line_width(policy), label=policy
             )
-        if chart.shows_itl_slo:
+        if chart.shows_itl_slo and sweep.slo.explicit is not None:
             ax.axhline(
-                sweep.slo.output_itl_s * 1000.0,
+                sweep.slo.explicit.output_itl_s * 1000.0,
                 color="black",
                 linestyle="--",
                 linewidth=1.0,
-                label="ITL SLO (per-request P95)",
+                label="explicit ITL SLO (per-request P95)",
             )
         ax.set_title(chart.title)
         ax.set_xlabel("arrival rate (requests/s)")

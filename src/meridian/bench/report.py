@@ -1,6 +1,7 @@
 """Reports of simulator runs: JSON for machines, Markdown for people.
 
-Three reports, each a pydantic model with ``schema_version: Literal[2]``:
+Three reports, each a pydantic model with ``schema_version: Literal[3]`` (3: goodput over the
+arrival window with the unloaded-latency SLO, attainment curves, a warm-up):
 
 - :class:`SimReport`: one arrival rate, one :class:`PolicySummary` per policy
   (``report.json`` / ``report.md``);
@@ -39,7 +40,8 @@ from meridian.bench.ab import (
 )
 from meridian.bench.effects import same_forcing_baselines
 from meridian.bench.offered import OfferedLoad
-from meridian.bench.summary import PolicySummary, Sig6, SloSpec
+from meridian.bench.slo import SloSpec
+from meridian.bench.summary import PolicySummary, Sig6
 from meridian.config.files import MIB, read_user_file
 from meridian.errors import MeridianError
 
@@ -59,10 +61,11 @@ class _RunParameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    schema_version: Literal[2] = 2
+    schema_version: Literal[3] = 3
     workload: str
     seed: int
     duration_s: Sig6
+    warmup_s: Sig6 = Field(default=0.0, description="Arrivals before this are in no statistic.")
     hardware: str
     model: str
     slo: SloSpec
@@ -233,6 +236,7 @@ def _run_parameters(report: _RunParameters) -> dict[str, object]:
         "workload": report.workload,
         "seed": report.seed,
         "duration_s": report.duration_s,
+        "warmup_s": report.warmup_s,
         "hardware": report.hardware,
         "model": report.model,
         "slo": report.slo,
@@ -264,7 +268,7 @@ def load_report(path: Path, kind: type[M]) -> M:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise MeridianError(
-            f"{path} is not a valid {kind.__name__} (schema_version 2): {where}: {first['msg']}"
+            f"{path} is not a valid {kind.__name__} (schema_version 3): {where}: {first['msg']}"
         ) from exc
 
 

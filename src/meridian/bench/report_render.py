@@ -28,6 +28,7 @@ from meridian.bench.report import (
     build_ab_report,
     to_json,
 )
+from meridian.bench.slo import GOODPUT_SCALE, UserModel
 from meridian.bench.summary import PolicySummary
 from meridian.bench.workloads import is_bundled
 
@@ -104,6 +105,7 @@ def _table(header: Sequence[str], align: Sequence[str], rows: Sequence[Sequence[
 
 
 _Reader = Callable[[PolicySummary], float | None]
+HIDDEN, SHOWN = UserModel.HIDDEN, UserModel.SHOWN
 
 # (label, unit, scale, reader): the rows of report.md's summary table.
 _SUMMARY_ROWS: tuple[tuple[str, str, float, _Reader], ...] = (
@@ -143,8 +145,30 @@ _SUMMARY_ROWS: tuple[tuple[str, str, float, _Reader], ...] = (
     ("throughput", "tokens/s", 1.0, lambda s: s.throughput_tok_s),
     ("goodput", "requests/s", 1.0, lambda s: s.goodput_req_s),
     ("answer accuracy (model)", "% reasoning", 1.0, lambda s: s.answer_accuracy_pct),
-    ("SLO met", "% requests", 1.0, lambda s: s.slo_met_pct),
+    ("SLO met (goodput's SLO)", "% requests", 1.0, lambda s: s.slo_met_pct),
+    ("SLO attainment at 3×, reasoning hidden", "% requests", 1.0, lambda s: _at(s, HIDDEN)),
+    ("SLO attainment at 3×, reasoning shown", "% requests", 1.0, lambda s: _at(s, SHOWN)),
+    ("goodput, reasoning shown", "requests/s", 1.0, lambda s: _shown_goodput(s)),
+    ("peak KV use", "% blocks", 100.0, lambda s: _contention(s, "kv_used_peak")),
+    ("longest waiting queue", "requests", 1.0, lambda s: _contention(s, "max_waiting")),
+    ("requests preempted", "count", 1.0, lambda s: _preempted(s)),
 )
+
+
+def _at(s: PolicySummary, user: UserModel) -> float | None:
+    return None if s.attainment is None else s.attainment.pct_at(user, GOODPUT_SCALE)
+
+
+def _shown_goodput(s: PolicySummary) -> float | None:
+    return None if s.attainment is None else s.attainment.goodput_shown_req_s
+
+
+def _preempted(s: PolicySummary) -> float | None:
+    return _contention(s, "num_preempted_requests")
+
+
+def _contention(s: PolicySummary, name: str) -> float | None:
+    return None if s.contention is None else float(getattr(s.contention, name))
 
 
 ENGINE_TEXT = {
@@ -170,16 +194,22 @@ def _header(title: str, params: _RunParameters, rate_text: str) -> list[str]:
         load = f"seed {params.seed}, {rate_text}, {fmt(params.duration_s)} s of arrivals"
     else:  # a trace: its own arrival times, whatever rate and duration the command line had
         load = "replayed at the trace's own arrival times (the load it offered is stated below)"
+    warmup = (
+        f"the first {fmt(params.warmup_s)} s of arrivals are warm-up, in no statistic"
+        if params.warmup_s
+        else "no warm-up: every arrival counts"
+    )
     return [
         f"# {title}",
         "",
-        f"Workload `{params.workload}`, {load}; hardware `{params.hardware}`, "
+        f"Workload `{params.workload}`, {load} ({warmup}); hardware `{params.hardware}`, "
         f"model `{params.model}`. Engine: {engine}.{shape}",
         "",
-        f"SLOs: TTFVT ≤ {fmt(slo.ttfvt_base_s)} s + {fmt(slo.think_tpot_s)} s × think tokens "
-        f"requested; output ITL P95 ≤ {fmt(slo.output_itl_s, 1000.0)} ms per request. "
-        "Goodput counts finished requests meeting both, with an answer that is not wrong (entropy "
-        "model), per second of makespan (first arrival → last finish).",
+        f"SLO: {slo.describe()}. SLO attainment is the share of requests meeting it at each "
+        "scale, for reasoning hidden (first visible token = first answer token) and shown (= "
+        "first think token; think gaps count); goodput counts the requests meeting goodput's "
+        "SLO, finished with an answer that is not wrong (entropy model), per second of the "
+        "arrival window.",
         "",
     ]
 
@@ -249,6 +279,7 @@ def render_markdown(report: SimReport) -> str:
     )
     lines += _offered_lines(report.offered)
     lines += ["## Summary", "", *_summary_table(report.policies, report.summaries), ""]
+    lines += _attainment_section(report.policies, report.summaries)
     if report.forcing:
         lines += _forcing_section(report)
     if report.engine != "real" and (effects := effect_lines(report.summaries)):
@@ -260,6 +291,36 @@ def render_markdown(report: SimReport) -> str:
         lines += [THRESHOLDS_TEXT, ""]
     lines += [PREMATURE_NOTE, ""]
     return "\n".join(lines)
+
+
+# The scales report.md shows (the JSON and the plot have every one of SCALES).
+_SHOWN_SCALES = (1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+def _attainment_section(policies: Sequence[str], summaries: dict[str, PolicySummary]) -> list[str]:
+    """SLO attainment (%) at a few scales, per user model and policy."""
+    curves = {p: a for p in policies if (a := summaries[p].attainment) is not None}
+    curved = list(curves)
+    if not curves:
+        return []
+    rows = []
+    for user in UserModel:
+        for scale in _SHOWN_SCALES:
+            values = [a.pct_at(user, scale) for a in curves.values()]
+            rows.append([f"reasoning {user.value}", f"{scale:g}×", *(fmt(v) for v in values)])
+    return [
+        "## SLO attainment",
+        "",
+        "Requests (%) meeting an SLO of scale × their own latency on an idle engine of this shape "
+        "(`attainment.png` draws every scale from 1.5 to 10).",
+        "",
+        *_table(
+            ["user model", "scale", *(f"`{p}`" for p in curved)],
+            ["---", "--:", *("--:" for _ in curved)],
+            rows,
+        ),
+        "",
+    ]
 
 
 def _forcing_section(report: SimReport) -> list[str]:

@@ -26,19 +26,24 @@ the step says so:
    ServeGen draws ``ceil(m)`` gaps and keeps the arrivals before the window's end, one fewer
    than ``m`` on average per client and window (a small client's only request is lost).
 4. **Lengths.** Input, output and reason ratio by inverse-CDF sampling of the client's table
-   for the window (the latest at or before it), each from its own uniform draw. ServeGen uses
-   one uniform for all three, which makes them rank-identical (the longest prompt always has
-   the longest output and the highest reasoning share), a coupling the data do not show: they
-   hold each field's distribution, not how the fields go together. So they are drawn
-   independently.
+   for the window (the latest at or before it), all three from one uniform draw per request,
+   as ServeGen draws them (``_sample_data_batch``): within a client's window they are
+   rank-coupled (a long prompt comes with a long output and a high reasoning share). The data
+   hold each field's distribution, not how the fields go together, so the coupling is
+   ServeGen's modelling choice; Meridian follows it so that ``servegen-r1`` is the workload
+   ServeGen generates. Drawn independently instead, reasoning came out 7.9 % shorter on the
+   mean and 10-26 % at P90 than ServeGen's own generator (10:00, 3 req/s, 30 seeds);
+   ``tests/test_servegen.py`` compares the moments with figures recorded from ServeGen's
+   generator (``bench/data/servegen-reference.json``, made by
+   ``scripts/servegen_reference.py``).
 5. **Phases.** ``think = round(output * ratio)``, at most ``output - 1`` so that every request
    answers; the answer is the rest. A request without think tokens is a chat request.
 6. **Entropy.** Each reasoning request gets an entropy trace and a settle point from
    :class:`~meridian.bench.entropy_model.EntropyTraceModel`: an assumption, not ServeGen's data.
 
 Determinism: one ``numpy.random.default_rng(seed)`` feeds every draw: per piece in time order,
-per client in the file's order, the count's rounding, the gaps, then the three length columns;
-then the entropy traces in arrival order (ties in arrival keep that order).
+per client in the file's order, the count's rounding, the gaps, then one uniform per request
+for its lengths; then the entropy traces in arrival order (ties in arrival keep that order).
 
 >>> from meridian.bench.workloads import WorkloadParams
 >>> specs = generate_servegen(WorkloadParams(arrival_rate=2.0, duration_s=60.0, seed=0))
@@ -329,9 +334,11 @@ def draw_servegen(
             continue
         times = _arrivals_s(piece, count, rng)
         table = piece.table
-        prompts = _inverse_cdf(table.input_tokens, quantiles, rng.random(count))
-        outputs = _inverse_cdf(table.output_tokens, quantiles, rng.random(count))
-        ratios = _inverse_cdf(table.reason_ratio, quantiles, rng.random(count))
+        # One uniform for all three fields, as ServeGen (step 4).
+        u = rng.random(count)
+        prompts = _inverse_cdf(table.input_tokens, quantiles, u)
+        outputs = _inverse_cdf(table.output_tokens, quantiles, u)
+        ratios = _inverse_cdf(table.reason_ratio, quantiles, u)
         parts.append((times, piece.client, piece.window, prompts, outputs, ratios))
     if not parts:
         empty = np.zeros(0, dtype=np.int64)

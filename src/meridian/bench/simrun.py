@@ -16,9 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from meridian.bench.loads import nested
 from meridian.bench.offered import offered_load
 from meridian.bench.report import ForcingSummary, SimReport
-from meridian.bench.summary import SloSpec, summarize
+from meridian.bench.slo import IdleLatency, SloSpec, Window
+from meridian.bench.summary import PolicySummary, summarize
 from meridian.bench.traces import read_trace
 from meridian.bench.workloads import WORKLOADS, WorkloadParams, generate_workload, is_bundled
 from meridian.config.schema import MeridianConfig
@@ -56,7 +58,11 @@ class SimRunSpec:
 
     ``max_num_seqs``/``max_num_batched_tokens`` default (``None``) to vLLM's own defaults on the
     hardware; ``async_scheduling`` ``None`` to vLLM's default on a GPU (on) for the vLLM engine
-    (the fast engine models synchronous scheduling only).
+    (the fast engine models synchronous scheduling only). ``warmup_s``: arrivals before it are
+    in no statistic (:class:`~meridian.bench.slo.Window`). ``trace_rate``: draw a bundled
+    workload at this rate and thin it to the run's (:mod:`meridian.bench.loads`; ``None``: draw
+    it at the run's rate). ``answer_pace_s``: the answer ITL Pascal's token pacer holds (a
+    policy's setting, not an SLO).
     """
 
     workload: str = "synthetic"
@@ -75,8 +81,13 @@ class SimRunSpec:
     enable_prefix_caching: bool = True
     step_time_csv: Path | None = None
     kv_offload_gib: float | None = None
+    warmup_s: float = 0.0
+    trace_rate: float | None = None
+    answer_pace_s: float = 0.050
 
     def __post_init__(self) -> None:
+        if is_bundled(self.workload):
+            Window.of_run(self.duration_s, self.warmup_s)  # a clear error before anything runs
         if self.engine not in ENGINES:
             raise MeridianError(
                 f"--engine must be one of {', '.join(ENGINES)}; got {self.engine!r}"
@@ -105,7 +116,10 @@ class SimRunSpec:
 
 
 def load_requests(spec: SimRunSpec, arrival_rate: float) -> list[RequestSpec]:
-    """The workload's requests: a bundled generator by name, or a JSONL trace file by path."""
+    """The workload's requests: a bundled generator by name (thinned from ``spec.trace_rate``
+    when set), or a JSONL trace file by path."""
+    if is_bundled(spec.workload) and spec.trace_rate is not None:
+        return nested(spec.workload, spec.trace_rate, arrival_rate, spec.duration_s, spec.seed)
     if is_bundled(spec.workload):
         params = WorkloadParams(
             arrival_rate=arrival_rate, duration_s=spec.duration_s, seed=spec.seed
@@ -118,6 +132,19 @@ def load_requests(spec: SimRunSpec, arrival_rate: float) -> list[RequestSpec]:
         f"--workload: {spec.workload!r} is neither a bundled workload ({', '.join(WORKLOADS)}) "
         f"nor an existing trace file (.jsonl)"
     )
+
+
+def window_for(spec: SimRunSpec, requests: Sequence[RequestSpec]) -> Window:
+    """The measured window: a bundled workload's arrivals from the warm-up to its duration, a
+    trace's from the warm-up to its last arrival."""
+    if is_bundled(spec.workload):
+        return Window.of_run(spec.duration_s, spec.warmup_s)
+    return Window.spanning((r.arrival_ns for r in requests), spec.warmup_s)
+
+
+def idle_latency_for(engine_config: EngineConfig, step_model: StepTimeModel) -> IdleLatency:
+    """A request's latency alone on an engine of this shape, by this step-time model."""
+    return IdleLatency(step_model, engine_config.max_num_batched_tokens)
 
 
 def step_model_for(spec: SimRunSpec) -> StepTimeModel:
@@ -252,7 +279,7 @@ def run_policy(
         engine_config = engine_config_for(spec)
     if step_model is None:
         step_model = step_model_for(spec)
-    itl_ns = int(spec.slo.output_itl_s * 1e9)
+    itl_ns = int(spec.answer_pace_s * 1e9)
     chosen = streams.streams(streams.forcing_of(policy))
     if (engine or spec.engine) == "vllm":
         from meridian.sim.vllm_engine import VllmEngine
@@ -287,6 +314,7 @@ def run_parameters(spec: SimRunSpec, engine_config: EngineConfig) -> dict[str, o
         "workload": Path(spec.workload).name,
         "seed": spec.seed,
         "duration_s": spec.duration_s,
+        "warmup_s": spec.warmup_s,
         "hardware": spec.hardware if spec.step_time_csv is None else "fitted",
         "model": spec.model,
         "slo": spec.slo,
@@ -317,6 +345,22 @@ def prepare_run(
     return requests, streams, engine_config, step_model
 
 
+def summaries(
+    spec: SimRunSpec,
+    results: dict[str, SimResult],
+    requests: Sequence[RequestSpec],
+    engine_config: EngineConfig,
+    step_model: StepTimeModel,
+) -> dict[str, PolicySummary]:
+    """Each run's summary over the spec's window, with its idle latency."""
+    window = window_for(spec, requests)
+    idle = idle_latency_for(engine_config, step_model)
+    return {
+        name: summarize(result, spec.slo, window=window, idle=idle)
+        for name, result in results.items()
+    }
+
+
 def simulate(
     spec: SimRunSpec,
     arrival_rate: float,
@@ -340,7 +384,7 @@ def simulate(
         static_cap=static_cap,
         arrival_rate=arrival_rate,
         offered=offered_load(requests, spec.duration_s if is_bundled(spec.workload) else None),
-        summaries={name: summarize(res, spec.slo) for name, res in results.items()},
+        summaries=summaries(spec, results, requests, engine_config, step_model),
         forcing=forcing_summaries(streams, caps) if has_reasoning else [],
     )
     return report, results

@@ -1,17 +1,21 @@
 """Metrics of one simulator run: from a :class:`SimResult` to a :class:`PolicySummary`.
 
-Definitions (DESIGN.md, "Measuring"); every time is in seconds of simulated time:
+Definitions (DESIGN.md, "Measuring"); every time is in seconds of simulated time. Every
+per-request figure is over the *measured* requests: those arriving in the run's window
+(:class:`~meridian.bench.slo.Window`, after the warm-up); the engine-wide figures (peak KV use,
+the longest waiting queue, computed tokens) are the engine's from the warm-up's end on.
 
 - TTFT  = first generated token (think or answer) - arrival.
-- TTFVT = first answer token - arrival: the wait the user feels ("first visible token").
+- TTFVT = first answer token - arrival: the wait the user feels when the reasoning is hidden.
 - TTOT  = first answer token - ``</think>`` (reasoning requests only).
 - output ITL = every gap between two consecutive answer tokens of one request, pooled over all
   requests.
-- throughput = generated tokens (think + answer, all requests) / makespan, where the makespan runs
-  from the first arrival to the last finish.
-- goodput = finished requests meeting *both* SLOs (:class:`SloSpec`) whose answer is not wrong
-  (a reasoning request forced to stop before its settle point, in the simulator's entropy model,
-  has a wrong answer) / makespan.
+- throughput = generated tokens (think + answer) / makespan, where the makespan runs from the
+  first measured arrival to the last measured finish.
+- SLO attainment: the share of requests meeting their unloaded-latency SLO at each scale, for
+  reasoning hidden and shown (:mod:`meridian.bench.slo`).
+- goodput = requests meeting the SLO (:class:`~meridian.bench.slo.SloSpec`: the unloaded one at
+  scale 3, reasoning hidden, unless an explicit SLO is given) / the arrival window's length.
 - answer accuracy (model) = finished reasoning requests with a correct answer, as the entropy
   model defines it, over those with a verdict (a simulator figure, not a measured accuracy).
 
@@ -26,94 +30,38 @@ in two files.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Annotated
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from meridian.config.schema import SchedulerConfig
+from meridian.bench.attainment import Attainment, Contention, attainment, contention
+from meridian.bench.rounding import Sig6 as Sig6
+from meridian.bench.rounding import round_sig as round_sig
+from meridian.bench.slo import (
+    ExplicitSlo,
+    IdleLatency,
+    NeededScales,
+    SloSpec,
+    Window,
+    answer_gaps_ns,
+    meets_explicit,
+)
 from meridian.core.types import ForceReason, Phase
-from meridian.errors import ConfigError
 from meridian.sim.records import RequestRecord, SimResult, TimeSample
 from meridian.sim.request import RequestKind
 from meridian.telemetry.latency import ttfvt, ttot
 
 NS_PER_S = 1_000_000_000
-SIGNIFICANT_DIGITS = 6
 # Plots read these, so they are part of the report; 300 points is a smooth line at 100 dpi.
 MAX_SERIES_POINTS = 300
 # Quantiles 0, 1, ..., 100 % of each distribution: enough to redraw a CDF from a report alone.
 CDF_QUANTILES = tuple(range(101))
 
 FloatArray = npt.NDArray[np.float64]
-
-
-def round_sig(value: float, digits: int = SIGNIFICANT_DIGITS) -> float:
-    """``value`` rounded to ``digits`` significant digits (idempotent).
-
-    >>> round_sig(0.123456789)
-    0.123457
-    >>> round_sig(123456789.0)
-    123457000.0
-    """
-    if not math.isfinite(value):
-        raise ValueError(f"a report value must be finite; got {value}")
-    if value == 0.0:
-        return 0.0
-    return float(f"{value:.{digits}g}")
-
-
-def _round_field(value: float) -> float:
-    return round_sig(float(value))
-
-
-# Every float in the report schema goes through this, on construction and on reload.
-Sig6 = Annotated[float, AfterValidator(_round_field)]
-
-
-@dataclass(frozen=True, slots=True)
-class SloSpec:
-    """The service-level objectives that decide whether a request counts toward goodput.
-
-    A request meets the TTFVT SLO when ``TTFVT <= ttfvt_base_s + think tokens requested *
-    think_tpot_s`` (a long reasoning request is allowed a longer wait; chat requests get the base),
-    and the output-ITL SLO when the P95 of its own answer-token gaps is ``<= output_itl_s`` (a
-    request with fewer than two answer tokens has no gap and meets it).
-    """
-
-    ttfvt_base_s: float = 2.0
-    think_tpot_s: float = 0.080
-    output_itl_s: float = 0.050
-
-    def __post_init__(self) -> None:
-        for name in ("ttfvt_base_s", "think_tpot_s", "output_itl_s"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise ConfigError(f"slo.{name} must be a positive number of seconds; got {value}")
-
-    @classmethod
-    def from_scheduler(
-        cls,
-        scheduler: SchedulerConfig,
-        *,
-        ttfvt_base_s: float = 2.0,
-        output_itl_s: float = 0.050,
-    ) -> SloSpec:
-        """The SLO whose think allowance is ``scheduler.think_tpot_budget_ms`` of meridian.toml."""
-        return cls(
-            ttfvt_base_s=ttfvt_base_s,
-            think_tpot_s=scheduler.think_tpot_budget_ms / 1000.0,
-            output_itl_s=output_itl_s,
-        )
-
-    def ttfvt_slo_s(self, num_think_tokens_requested: int) -> float:
-        """The TTFVT allowed to a request that asked for this many think tokens."""
-        return self.ttfvt_base_s + num_think_tokens_requested * self.think_tpot_s
 
 
 class _Model(BaseModel):
@@ -184,12 +132,18 @@ class PolicySummary(_Model):
     token counts otherwise."""
 
     policy: str
-    num_requests: int
+    num_requests: int = Field(description="Measured requests (arrived after the warm-up).")
+    num_warmup_requests: int = Field(
+        default=0, description="Requests that arrived in the warm-up: in no statistic."
+    )
     num_finished: int
     num_reasoning: int
     num_chat: int
     sim_duration_s: Sig6 = Field(description="Simulated time at the end of the run (end_ns).")
-    makespan_s: Sig6 | None = Field(description="First arrival to last finish.")
+    makespan_s: Sig6 | None = Field(description="First measured arrival to last finish.")
+    window_s: Sig6 | None = Field(
+        default=None, description="The measured arrival window (goodput's denominator)."
+    )
 
     ttft_s: Percentiles
     ttfvt_s: Percentiles
@@ -212,12 +166,14 @@ class PolicySummary(_Model):
     )
     think_tokens_saved_pct: Sig6 | None
 
-    preemptions: PreemptionsByPhase
+    preemptions: PreemptionsByPhase = Field(description="Of the measured requests.")
     num_recomputed_tokens: int = Field(
-        description="Tokens computed again after preemptions (prefix-cache hits excluded)."
+        description="Tokens the measured requests computed again after preemptions (prefix-cache "
+        "hits excluded)."
     )
     num_scheduled_tokens: int = Field(
-        default=0, description="Every token the engine computed (its work), recompute included."
+        default=0,
+        description="Every token the engine computed in the run (its work), recompute included.",
     )
     num_offload_loaded_blocks: int = Field(
         default=0,
@@ -237,9 +193,13 @@ class PolicySummary(_Model):
     throughput_tok_s: Sig6 | None
     goodput_req_s: Sig6 | None
     num_slo_met: int = Field(
-        description="Finished requests meeting both SLOs with an answer that is not wrong."
+        description="Measured requests meeting goodput's SLO (finished, answer not wrong)."
     )
-    slo_met_pct: Sig6 | None = Field(description="num_slo_met over all requests.")
+    slo_met_pct: Sig6 | None = Field(description="num_slo_met over the measured requests.")
+    attainment: Attainment | None = Field(
+        default=None, description="SLO attainment curves (null without a step-time model)."
+    )
+    contention: Contention | None = None
 
     series: TimeSeries
     distributions: Distributions
@@ -262,12 +222,6 @@ class RunDistributions:
 
 def _seconds(values: Iterable[float]) -> FloatArray:
     return np.fromiter(values, dtype=np.float64) / NS_PER_S
-
-
-def answer_gaps_ns(record: RequestRecord) -> npt.NDArray[np.int64]:
-    """The gaps between consecutive answer tokens of one request (ns); empty below two tokens."""
-    times = np.asarray(record.answer_token_ns, dtype=np.int64)
-    return times[1:] - times[:-1]
 
 
 def collect_distributions(records: Sequence[RequestRecord]) -> RunDistributions:
@@ -361,21 +315,6 @@ def worst_answer_gap_steps(records: Sequence[RequestRecord]) -> int | None:
     return worst
 
 
-def meets_slo(record: RequestRecord, slo: SloSpec) -> bool:
-    """True when a *finished* request meets both the TTFVT and the output-ITL SLO, and its answer
-    is not wrong (``answer_correct`` False: a premature stop in the entropy model)."""
-    if not record.finished or record.first_answer_ns is None or record.answer_correct is False:
-        return False
-    ttfvt_s = (record.first_answer_ns - record.arrival_ns) / NS_PER_S
-    if ttfvt_s > slo.ttfvt_slo_s(record.num_think_tokens_requested):
-        return False
-    gaps_s = answer_gaps_ns(record) / NS_PER_S
-    # The P95 never exceeds the largest gap: skip the (costly) percentile when that one is fine.
-    if gaps_s.size == 0 or gaps_s.max() <= slo.output_itl_s:
-        return True
-    return float(np.percentile(gaps_s, 95, method="linear")) <= slo.output_itl_s
-
-
 def _pct(part: float, whole: float) -> float | None:
     return None if whole <= 0 else 100.0 * part / whole
 
@@ -400,15 +339,28 @@ def _forced_stats(reasoning: Sequence[RequestRecord]) -> tuple[int, ForcedByReas
     return sum(counts.values()), by_reason, _pct(num_premature, num_known)
 
 
-def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
+def summarize(
+    result: SimResult,
+    slo: SloSpec,
+    *,
+    window: Window | None = None,
+    idle: IdleLatency | None = None,
+) -> PolicySummary:
     """Reduce one run to its :class:`PolicySummary` (pure; same result in, same summary out).
 
-    Request subsets: TTFT/TTFVT/TTOT use every request that reached the event; token counts use
-    finished requests; forced percentages are over all reasoning requests; think tokens saved are
-    over reasoning requests that passed ``</think>`` (an unfinished think phase saved nothing).
-    Preemptions, recomputed and computed tokens are the run-wide counters.
+    ``window`` picks the measured requests (default: every request, the window ending at the
+    last arrival); ``idle`` is the run's idle latency, without which there are no attainment
+    curves and goodput counts the explicit SLO (``slo.explicit``, or :class:`ExplicitSlo`'s
+    defaults: a live server's run has no step-time model).
+
+    Request subsets (all within the measured requests): TTFT/TTFVT/TTOT use every request that
+    reached the event; token counts use finished requests; forced percentages are over all
+    reasoning requests; think tokens saved are over reasoning requests that passed ``</think>``
+    (an unfinished think phase saved nothing).
     """
-    records = result.records
+    if window is None:
+        window = Window.spanning(r.arrival_ns for r in result.records)
+    records = window.measured(result.records)
     reasoning = [r for r in records if r.kind is RequestKind.REASONING]
     finished = [r for r in records if r.finished]
     dist = collect_distributions(records)
@@ -426,23 +378,35 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
     # A zero makespan (everything finished at its arrival instant) has no meaningful rate.
     rate_window_s = makespan_s if makespan_s is not None and makespan_s > 0 else None
     generated = sum(r.num_think_tokens + r.num_answer_tokens for r in records)
-    num_slo_met = sum(meets_slo(r, slo) for r in finished)
+
+    needed = None if idle is None else NeededScales.of(records, idle, slo.stall_ns)
+    curves = None if needed is None else attainment(needed, window, slo.scale)
+    if needed is not None and slo.explicit is None:
+        num_slo_met = needed.num_met(slo.user, slo.scale)
+    else:
+        explicit = slo.explicit or ExplicitSlo()
+        num_slo_met = sum(meets_explicit(r, explicit) for r in finished)
     verdicts = [
         r.answer_correct
         for r in finished
         if r.kind is RequestKind.REASONING and r.answer_correct is not None
     ]
 
+    by_phase: dict[Phase, int] = {}
+    for r in records:
+        for phase, n in r.preemptions_by_phase.items():
+            by_phase[phase] = by_phase.get(phase, 0) + n
     counters = result.counters
-    by_phase = counters.preemptions_by_phase
     return PolicySummary(
         policy=result.policy,
         num_requests=len(records),
+        num_warmup_requests=sum(r.arrival_ns < window.start_ns for r in result.records),
         num_finished=len(finished),
         num_reasoning=len(reasoning),
         num_chat=len(records) - len(reasoning),
         sim_duration_s=result.end_ns / NS_PER_S,
         makespan_s=makespan_s,
+        window_s=window.length_s,
         ttft_s=percentiles(dist.ttft_s),
         ttfvt_s=percentiles(dist.ttfvt_s),
         ttot_s=percentiles(dist.ttot_s),
@@ -459,15 +423,17 @@ def summarize(result: SimResult, slo: SloSpec) -> PolicySummary:
             think=by_phase.get(Phase.THINK, 0),
             output=by_phase.get(Phase.OUTPUT, 0),
         ),
-        num_recomputed_tokens=counters.num_recomputed_tokens,
+        num_recomputed_tokens=sum(r.num_recomputed_tokens for r in records),
         num_scheduled_tokens=counters.num_scheduled_tokens,
         num_offload_loaded_blocks=counters.num_offload_loaded_blocks,
         answer_accuracy_pct=_pct(sum(verdicts), len(verdicts)),
         worst_answer_gap_steps=worst_answer_gap_steps(records),
         throughput_tok_s=None if rate_window_s is None else generated / rate_window_s,
-        goodput_req_s=None if rate_window_s is None else num_slo_met / rate_window_s,
+        goodput_req_s=num_slo_met / window.length_s,
         num_slo_met=num_slo_met,
         slo_met_pct=_pct(num_slo_met, len(records)),
+        attainment=curves,
+        contention=contention(result, records, window, idle),
         series=downsample(result.samples, result.num_kv_blocks),
         distributions=Distributions(
             output_itl_s=cdf_sketch(dist.output_itl_s),

@@ -58,8 +58,8 @@ def write_trace(path: str | Path, requests: Iterable[RequestSpec]) -> None:
     """Write ``requests`` to ``path`` as JSONL, one line per request, in the given order.
 
     ``entropy`` and ``settle_token`` are written when the spec has them; missing parent folders
-    are created. Raises
-    :class:`TraceError` when the file cannot be written or an entropy value is not finite.
+    are created. Raises :class:`TraceError` when the file cannot be written or an entropy value
+    is not finite.
     """
     target = Path(path)
     lines: list[str] = []
@@ -91,7 +91,7 @@ def write_trace(path: str | Path, requests: Iterable[RequestSpec]) -> None:
             line = f'{line[:-1]},"entropy":[{body}]}}'
         lines.append(line)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)  # a new folder is fine
         with target.open("w", encoding="utf-8") as out:
             for line in lines:
                 out.write(line)

@@ -12,17 +12,23 @@ from typing import Any
 from rich.progress import Progress
 
 from meridian.bench.fidelity import TARGETS as FIDELITY_TARGETS
-from meridian.bench.plots import write_plots, write_sweep_plots
+from meridian.bench.plots import (
+    attainment_panels,
+    write_attainment_plot,
+    write_plots,
+    write_sweep_plots,
+)
 from meridian.bench.report import SimReport, ab_baselines, build_ab_report, build_sweep_report
 from meridian.bench.report_render import write_ab_report, write_report, write_sweep_report
-from meridian.bench.simrun import ENGINES, engine_config_for, load_requests, simulate
-from meridian.bench.summary import SloSpec
+from meridian.bench.simrun import ENGINES, SimRunSpec, engine_config_for, load_requests, simulate
+from meridian.bench.slo import ExplicitSlo, SloSpec
 from meridian.bench.traces import write_trace
 from meridian.bench.workloads import (
     DEFAULT_DURATION_S,
     SERVEGEN,
     SERVEGEN_DURATION_S,
     WORKLOADS,
+    is_bundled,
 )
 from meridian.cli import accuracy_cmd
 from meridian.cli.cluster_sim import add_cluster_args, cluster_spec, run_cluster_sim
@@ -55,7 +61,7 @@ DURATION_HELP = (
     f"seconds of arrivals ({DEFAULT_DURATION_S:g}; {SERVEGEN_DURATION_S:g} for {SERVEGEN}: one "
     "10-minute window of its source)"
 )
-_DEFAULT_SLO = SloSpec()
+_EXPLICIT = ExplicitSlo()
 # The default run shows scheduling at work: at 16 req/s for 60 s the synthetic workload fills an
 # H100's KV cache for Qwen3-8B and stock vLLM preempts; at 8 req/s for 30 s nothing is preempted
 # and every scheduler is the same, so the screen would show only forcing.
@@ -110,16 +116,31 @@ def register(commands: Any) -> None:
         help="calibrate the step-time model to measured steps (CSV; see docs) instead of a preset",
     )
     sim.add_argument(
+        "--warmup-s",
+        type=float,
+        default=0.0,
+        help="seconds of arrivals at the start that no statistic counts (the engine fills up "
+        "from empty there); default 0: every arrival counts, as in the main job's short run",
+    )
+    sim.add_argument(
         "--ttfvt-slo-base-s",
         type=float,
-        default=_DEFAULT_SLO.ttfvt_base_s,
-        help="TTFVT SLO: base seconds, plus think tokens requested x think_tpot_budget_ms (2.0)",
+        help="an explicit SLO instead of the unloaded-latency one for goodput: TTFVT <= this "
+        f"base + think tokens requested x --think-tpot-slo-ms ({_EXPLICIT.ttfvt_base_s:g} when "
+        "another explicit-SLO flag is given)",
+    )
+    sim.add_argument(
+        "--think-tpot-slo-ms",
+        type=float,
+        help="explicit SLO: TTFVT allowance per think token requested, in ms "
+        f"({_EXPLICIT.think_tpot_s * 1000:g})",
     )
     sim.add_argument(
         "--output-itl-slo-ms",
         type=float,
-        default=_DEFAULT_SLO.output_itl_s * 1000,
-        help="output ITL SLO on each request's answer-gap P95, in ms (50)",
+        help="explicit SLO: each request's answer-gap P95 bound, in ms "
+        f"({_EXPLICIT.output_itl_s * 1000:g}); also the answer ITL Pascal's token pacer holds "
+        f"(default {SimRunSpec.answer_pace_s * 1000:g})",
     )
     sim.add_argument(
         "--async-scheduling",
@@ -311,20 +332,51 @@ def _write_metrics(results: dict[str, SimResult], out_dir: Path) -> list[Path]:
     return paths
 
 
+def _slo(args: argparse.Namespace) -> SloSpec:
+    """The unloaded-latency SLO, or the explicit one when an explicit-SLO flag is given."""
+    flags = (args.ttfvt_slo_base_s, args.think_tpot_slo_ms, args.output_itl_slo_ms)
+    if all(flag is None for flag in flags):
+        return SloSpec()
+    base, tpot_ms, itl_ms = (
+        positive_number(name, default if value is None else value, maximum)
+        for (name, (default, maximum)), value in zip(_EXPLICIT_DEFAULTS.items(), flags, strict=True)
+    )
+    return SloSpec(explicit=ExplicitSlo(base, tpot_ms / 1000, itl_ms / 1000))
+
+
+# Each explicit-SLO flag's default and largest value.
+_EXPLICIT_DEFAULTS = {
+    "--ttfvt-slo-base-s": (_EXPLICIT.ttfvt_base_s, MAX_TTFVT_SLO_BASE_S),
+    "--think-tpot-slo-ms": (_EXPLICIT.think_tpot_s * 1000, MAX_ITL_SLO_MS),
+    "--output-itl-slo-ms": (_EXPLICIT.output_itl_s * 1000, MAX_ITL_SLO_MS),
+}
+
+
+def _attainment_plot(reports: list[SimReport], path: Path) -> list[Path]:
+    """SLO attainment against the scale, a row of panels per rate (none without curves)."""
+    rows = [attainment_panels(r.summaries) for r in reports]
+    if not any(lines for row in rows for _, lines in row):
+        return []
+    if len(reports) > 1:
+        rows = [
+            [(f"{r.arrival_rate:g} req/s, {title}", lines) for title, lines in row]
+            for r, row in zip(reports, rows, strict=True)
+        ]
+    title = f"SLO attainment: {reports[0].workload}, {reports[0].model} on {reports[0].hardware}"
+    return [write_attainment_plot(rows, title, path)]
+
+
 def run_sim(args: argparse.Namespace) -> int:
     """Run the A/B (or the sweep), write reports and plots, print a summary table."""
     if args.duration_s is None and args.workload == "synthetic":
         args.duration_s = SIM_DEFAULT_DURATION_S
     check_args(args)
     rates = _rates(args.arrival_rate)
-    ttfvt_base_s = positive_number(
-        "--ttfvt-slo-base-s", args.ttfvt_slo_base_s, MAX_TTFVT_SLO_BASE_S
-    )
-    itl_ms = positive_number("--output-itl-slo-ms", args.output_itl_slo_ms, MAX_ITL_SLO_MS)
+    slo = _slo(args)
     config = load_config(args.config).config
-    slo = SloSpec.from_scheduler(
-        config.scheduler, ttfvt_base_s=ttfvt_base_s, output_itl_s=itl_ms / 1000
-    )
+    # An explicit ITL SLO is also what Pascal's pacer holds, as before the unloaded SLO.
+    explicit = slo.explicit
+    pace = {"answer_pace_s": explicit.output_itl_s} if explicit and args.output_itl_slo_ms else {}
     spec = run_spec(
         args,
         config,
@@ -332,6 +384,10 @@ def run_sim(args: argparse.Namespace) -> int:
         engine=args.engine,
         async_scheduling=ASYNC_SCHEDULING[args.async_scheduling],
         step_time_csv=args.step_time_csv,
+        warmup_s=args.warmup_s,
+        # Several rates nest: one trace drawn at the highest, thinned to each (bench.loads).
+        trace_rate=max(rates) if len(rates) > 1 and is_bundled(args.workload) else None,
+        **pace,
     )
     require_vllm(spec.engine)
     cluster = cluster_spec(args)
@@ -378,6 +434,7 @@ def run_sim(args: argparse.Namespace) -> int:
             written += write_ab_report(build_ab_report(report, baselines=baselines), rate_dir)
         if not args.no_plots:
             written += write_plots(results, rate_dir, slo)
+            written += _attainment_plot([report], rate_dir / "attainment.png")
         if args.metrics:
             written += _write_metrics(results, rate_dir)
         print_summary(screen, report)
@@ -386,6 +443,7 @@ def run_sim(args: argparse.Namespace) -> int:
         written += write_sweep_report(sweep, out)
         if not args.no_plots:
             written += write_sweep_plots(sweep, out)
+            written += _attainment_plot(reports, out / "sweep-attainment.png")
     elapsed = time.perf_counter() - started
     screen.print(f"wall time {elapsed:.1f} s; wrote {len(written)} files under {out}/:")
     for path in written:

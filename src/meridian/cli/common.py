@@ -23,6 +23,7 @@ from meridian.bench.offered import describe
 from meridian.bench.report import SimReport
 from meridian.bench.report_render import fmt, losses_of
 from meridian.bench.simrun import SimRunSpec
+from meridian.bench.slo import UserModel
 from meridian.bench.summary import PolicySummary
 from meridian.bench.workloads import MAX_DURATION_S, default_duration_s, is_bundled
 from meridian.errors import MeridianError
@@ -90,6 +91,11 @@ def _forced_total(s: PolicySummary) -> str:
     return f"{f.converged + f.overthinking + f.hard_cap:.1f}"
 
 
+def _attained(s: PolicySummary, user: UserModel) -> str:
+    a = s.attainment
+    return "-" if a is None else fmt(a.pct_at(user, a.goodput_scale))
+
+
 def _preemptions(s: PolicySummary) -> str:
     return f"{s.preemptions.output:,}/{s.preemptions.think:,}"
 
@@ -108,6 +114,13 @@ _WORK: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
     ("accuracy % (model)", _num("answer_accuracy_pct")),
     ("preempted answer / think", _preemptions),
     ("worst answer gap steps", _num("worst_answer_gap_steps")),
+)
+# SLO attainment (bench.slo) at the goodput scale, and how full the cache got.
+_SLO: tuple[tuple[str, Callable[[PolicySummary], str]], ...] = (
+    ("SLO met % at 3×, reasoning hidden", lambda s: _attained(s, UserModel.HIDDEN)),
+    ("SLO met % at 3×, reasoning shown", lambda s: _attained(s, UserModel.SHOWN)),
+    ("goodput (shown) req/s", _num("attainment.goodput_shown_req_s")),
+    ("peak KV %", _num("contention.kv_used_peak", 100)),
 )
 # From this width the two groups share one table.
 ONE_TABLE_FROM = 140
@@ -151,9 +164,12 @@ def print_summary(console: Console, report: SimReport) -> None:
         load = "the trace's own arrival times"
     console.print(f"[bold]{report.workload}[/bold], {load}; {report.model} on {report.hardware}")
     console.print(f"engine: {engine_text(report)}", highlight=False)
+    warmup = f"; the first {report.warmup_s:g} s of arrivals are warm-up" if report.warmup_s else ""
+    console.print(f"SLO: {report.slo.describe()}{warmup}", highlight=False)
     if report.offered is not None:
         console.print(describe(report.offered), highlight=False)
     groups = [(*_LATENCY, *_WORK)] if console.width >= ONE_TABLE_FROM else [_LATENCY, _WORK]
+    groups.append(_SLO)
     for columns in groups:
         console.print(_table(report, columns))
     lines = effect_lines(report.summaries)

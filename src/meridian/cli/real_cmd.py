@@ -14,7 +14,8 @@ from meridian.bench.plots import write_plots
 from meridian.bench.report import SimReport, build_ab_report
 from meridian.bench.report_render import write_ab_report, write_report
 from meridian.bench.simrun import SimRunSpec, load_requests
-from meridian.bench.summary import SloSpec, summarize
+from meridian.bench.slo import ExplicitSlo, SloSpec
+from meridian.bench.summary import summarize
 from meridian.bench.workloads import is_bundled
 from meridian.cli.common import (
     check_out_dir,
@@ -36,10 +37,10 @@ def run_real_cmd(args: argparse.Namespace) -> int:
 
     if not args.url.startswith(("http://", "https://")):
         raise MeridianError(f"--url must start with http:// or https://; got {args.url!r}")
-    config = load_config(None).config
     requests = _real_requests(args)
     console = make_console()
-    slo = SloSpec.from_scheduler(config.scheduler)
+    # A live server has no step-time model for an idle latency: its SLO is the explicit one.
+    slo = SloSpec(explicit=ExplicitSlo())
     with make_progress(console) as progress:
         task = progress.add_task(f"{args.label} @ {args.arrival_rate:g} req/s", total=len(requests))
         result, errors, retried = run_real(
@@ -132,7 +133,7 @@ def run_ab_real_cmd(args: argparse.Namespace, vllm_args: list[str]) -> int:
         log_dir=args.out_dir,
         replay_think_lengths=args.replay_think_lengths,
     )
-    slo = SloSpec.from_scheduler(loaded.config.scheduler)
+    slo = SloSpec(explicit=ExplicitSlo())  # a live server: no idle latency to scale
     console = make_console()
     results: dict[str, SimResult] = {}
     for side in (STOCK, CANDIDATE):

@@ -44,6 +44,10 @@ class RequestRecord:
     answer_token_step: list[int] = field(default_factory=list)
     preemptions_by_phase: dict[Phase, int] = field(default_factory=dict)
     num_recomputed_tokens: int = 0
+    # The longest gap between two think-phase tokens (think tokens and ``</think>``), which a
+    # user who is shown the reasoning reads; the last such token's time.
+    max_think_gap_ns: int = 0
+    last_think_token_ns: int | None = None
 
     @classmethod
     def for_spec(cls, spec: RequestSpec, *, settle_token: bool = True) -> RequestRecord:
@@ -84,10 +88,15 @@ class RequestRecord:
         """Account one generated token at ``now_ns`` in engine step ``step``."""
         if self.first_token_ns is None:
             self.first_token_ns = now_ns
-        if token == THINK_TOKEN_ID:
-            self.num_think_tokens += 1
-        elif token == THINK_END_ID:
-            self.think_end_ns = now_ns
+        if token in (THINK_TOKEN_ID, THINK_END_ID):
+            last = self.last_think_token_ns
+            if last is not None and now_ns - last > self.max_think_gap_ns:
+                self.max_think_gap_ns = now_ns - last
+            self.last_think_token_ns = now_ns
+            if token == THINK_TOKEN_ID:
+                self.num_think_tokens += 1
+            else:
+                self.think_end_ns = now_ns
         else:
             self.num_answer_tokens += 1
             if self.first_answer_ns is None:
@@ -133,6 +142,10 @@ class RunCounters:
     num_scheduled_tokens: int = 0
     preemptions_by_phase: dict[Phase, int] = field(default_factory=dict)
     num_recomputed_tokens: int = 0
+    # The longest gap between two think-phase tokens (think tokens and ``</think>``), which a
+    # user who is shown the reasoning reads; the last such token's time.
+    max_think_gap_ns: int = 0
+    last_think_token_ns: int | None = None
     num_offload_stored_blocks: int = 0
     num_offload_loaded_blocks: int = 0
 
