@@ -195,6 +195,14 @@ def start_ray(*, address: str | None = None, num_cpus: int | None = None) -> Non
         os.environ.update(LOOPBACK_ENV)
         ray_constants.ENABLE_RAY_CLUSTER = False  # what the variable sets, read at Ray's import
     if address:
+        # A token this user holds is sent (RAY_AUTH_MODE unset), as Ray does for a cluster it
+        # finds itself: ray.init with an explicit address sends none, and a cluster started
+        # with token authentication (Ray's default) refuses such a driver.
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
