@@ -26,12 +26,12 @@ ITL P99 and TTFT P95 (lower is better for Meridian below 1), throughput and good
 1). A ratio where Meridian is worse by more than 3 % is marked ``✗``.
 
 Measured as the single-engine sweep measures (:mod:`meridian.bench.slo`,
-:mod:`meridian.bench.loads`): per seed (``--seeds``, a cell per seed) one trace drawn at the
-sweep's highest load and thinned to each lower one (nested loads); the first ``--warmup-s``
-seconds of arrivals in no statistic (default 200 from 600 s of arrivals up, else 0); SLO attainment at 3x each request's idle latency, reasoning
-hidden and shown (goodput: hidden, per second of the arrival window); the fullest replica's peak
-KV use, preemptions, requests held at the router, and "no contention" where nothing was
-preempted, held or queued. Tables show the median over the seeds.
+:mod:`meridian.bench.loads`): per seed (``--seeds``, a cell per seed) one trace drawn at the sweep's
+highest load and thinned to each lower one (nested loads); the first ``--warmup-s`` seconds of
+arrivals in no statistic (default 200 from 600 s of arrivals up, else 0); SLO attainment at 3x each
+request's idle latency, reasoning hidden and shown (goodput: hidden, per second of the arrival
+window); the fullest replica's peak KV use, preemptions, requests held at the router, and "no
+contention" where nothing was preempted, held or queued. Tables show the median over the seeds.
 
 Decision cost: each router's ``choose`` and ``routed`` calls timed with ``perf_counter_ns`` while
 the simulation runs (the simulator's renderings of the baselines, not Ray's or vLLM's code).

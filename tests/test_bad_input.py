@@ -171,3 +171,20 @@ def test_a_closed_stdout_ends_quietly() -> None:
     # `meridian config check X | head -1` ended in a BrokenPipeError traceback.
     ran = run_meridian(["config", "check", str(REPO / "meridian.toml.example")], close_stdout=True)
     assert ran.code == EXIT_BROKEN_PIPE and ran.err == "", ran.err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        # Ray started and every replica failed its engine a minute later, each with a traceback.
+        (["/nonexistent/model"], "/nonexistent/model: no such file or directory"),
+        (["--replicas", "0", "m"], "--replicas must be in [1, 1024]"),
+        (["--port", "99999", "m"], "--port must be in 1..65535"),
+        (["--engine-kwargs", "[1]", "m"], "--engine-kwargs must be a JSON object"),
+        (["--address", "10.0.0.1:6379", "--num-cpus", "4", "m"], "with --address, leave it out"),
+    ],
+)
+def test_serve_cluster_refuses_what_would_fail_after_rays_start(
+    args: list[str], message: str
+) -> None:
+    run_meridian(["serve-cluster", *args]).assert_refused(message)

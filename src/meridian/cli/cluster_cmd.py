@@ -23,10 +23,12 @@ from typing import Any
 
 from meridian.core.routing import DEFAULT_MAX_HOLD_S, DEFAULT_STATS_MAX_AGE_S, RoutingConfig
 from meridian.errors import MeridianError
+from meridian.vllm.preflight import Status, check_model
 
 #: Ray's logical CPUs one vLLM replica takes (its actor and its engine's bundle, as Ray Serve
 #: LLM places them): a local Ray gets at least this many per replica.
 CPUS_PER_REPLICA = 2
+MAX_REPLICAS = 1024
 
 
 def register(commands: Any) -> None:
@@ -96,8 +98,8 @@ def register(commands: Any) -> None:
 
 def run_serve_cluster(args: argparse.Namespace) -> int:
     """Start the cluster and serve until interrupted (module docstring)."""
-    if args.replicas < 1:
-        raise MeridianError(f"--replicas must be >= 1; got {args.replicas}")
+    if not 1 <= args.replicas <= MAX_REPLICAS:
+        raise MeridianError(f"--replicas must be in [1, {MAX_REPLICAS}]; got {args.replicas}")
     if not args.host.strip():
         raise MeridianError("--host is empty; leave it out for 127.0.0.1")
     if not 0 < args.port < 65536:
@@ -115,6 +117,10 @@ def run_serve_cluster(args: argparse.Namespace) -> int:
     routing = RoutingConfig(args.stats_max_age_s, args.max_hold_s)
     from meridian.ray import app as ray_app
 
+    # What would fail in every replica a minute after Ray's start is said now.
+    model = check_model(args.model, ray_app.engine_flags(engine_kwargs))
+    if model.status is Status.FAIL:
+        raise MeridianError(f"{model.detail}; {model.fix}" if model.fix else model.detail)
     where = f"the Ray cluster at {args.address}" if args.address else "a local Ray (127.0.0.1)"
     print(f"meridian serve-cluster: starting {where}", flush=True)
     num_cpus = args.num_cpus
