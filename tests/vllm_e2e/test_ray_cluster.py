@@ -175,21 +175,23 @@ async def ask(client: httpx.AsyncClient, url: str, problem: Any, stream: bool) -
             message = resp.json()["choices"][0]["message"]
             right = bool(message.get("reasoning")) and (message["content"] or "").strip()
             return right == problem.answer, json.dumps(message)
-        content, events = "", []
+        content, events, lines = "", [], []
         async with client.stream(
             "POST", f"{url}/v1/chat/completions", json=body, timeout=300
         ) as resp:
             async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                lines.append(line)
+                if resp.status_code != 200 or not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
                     continue
                 event = json.loads(line[len("data: ") :])
                 if "error" in event:
                     events.append(line)
                     continue
                 content += event["choices"][0]["delta"].get("content") or ""
-            status = resp.status_code
-        if status != 200 or events:
-            return False, " ".join(events) or await resp.aread()
+        if resp.status_code != 200 or events:
+            return False, " ".join(events) or "\n".join(lines)
         return content.strip() == problem.answer, content
     except httpx.HTTPError as exc:
         return False, repr(exc)
