@@ -65,7 +65,7 @@ def test_chat_and_completion_bodies() -> None:
     ("args", "message"),
     [
         (["--host", " "], "--host is empty"),
-        (["--replicas", "0"], "--replicas must be >= 1"),
+        (["--replicas", "0"], "--replicas must be in [1, 1024]"),
         (["--engine-kwargs", "{not json"], "--engine-kwargs is not JSON"),
         (["--engine-kwargs", "[1]"], "--engine-kwargs must be a JSON object"),
     ],
