@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from meridian.config.schema import EntropyConfig, SchedulerConfig
 from meridian.core.budget import BudgetPolicy, ForceDecision, RequestBudget, Signals
-from meridian.core.signals import EatSource, EntropyProbe
+from meridian.core.signals import EntropyProbe
 from meridian.core.types import ForceReason
 from meridian.errors import ConfigError
 
@@ -31,21 +31,16 @@ ENTROPY = EntropyConfig(
 def make_probe(
     *, converged: bool, overthinking: bool, config: EntropyConfig = ENTROPY
 ) -> EntropyProbe:
-    """A real probe driven into the requested state (AFTER_THINK: EAT only via add_sample)."""
-    probe = EntropyProbe(config, eat_source=EatSource.AFTER_THINK)
-    if overthinking:
-        # 12 quiet tokens, then a window full of transitions: rpdi = (4/4) / (4/16) = 4.
-        for h in [0.5] * 12 + [3.0] * 4:
-            probe.observe(h)
-    else:
-        for h in [0.5] * 16:
-            probe.observe(h)
-    if converged:
-        for _ in range(3):
-            probe.add_sample(1.0)
-    else:
-        for x in (1.0, 4.0, 1.0):
-            probe.add_sample(x)
+    """A real probe driven into the requested state by 16 tokens (each one EAT sample).
+
+    A flat start converges EAT at the third sample (it stays latched); an alternating one keeps
+    its variance far above the threshold. Four transitions last make rpdi = (4/4) / (4/16) = 4.
+    """
+    probe = EntropyProbe(config)
+    quiet = [0.5] * 16 if converged else [0.5, 1.5] * 8
+    tail = [3.0] * 4 if overthinking else quiet[12:]
+    for h in quiet[:12] + tail:
+        probe.observe(h)
     assert probe.converged == converged and probe.overthinking == overthinking
     return probe
 
@@ -119,7 +114,7 @@ def test_converged() -> None:
     decision = policy().decide(300, probe)
     assert decision is not None
     assert decision.reason is ForceReason.CONVERGED and decision.num_think_tokens == 300
-    assert decision.detail == "eat_variance=0 < 0.001 after 3 samples (after_think)"
+    assert decision.detail == "eat_variance=0 < 0.001 after 3 samples (stream_proxy)"
 
 
 def test_overthinking() -> None:

@@ -263,8 +263,6 @@ tests:
         values: '45x30'
       - series: 'meridian_kv_used_bytes{{job="m",instance="a",tier="think_active"}}'
         values: '50x30'
-      - series: 'meridian_kv_used_bytes{{job="m",instance="a",tier="think_complete"}}'
-        values: '0x30'
       - series: 'meridian_kv_capacity_bytes{{job="m",instance="a"}}'
         values: '100x30'
       - series: 'meridian_kv_used_bytes{{job="m",instance="b",tier="output_critical"}}'

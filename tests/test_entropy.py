@@ -14,7 +14,7 @@ from hypothesis.extra import numpy as hnp
 
 from meridian.config.schema import EntropyConfig
 from meridian.core.entropy import entropy_nats
-from meridian.core.signals import EatSource, EatTracker, EntropyProbe, RpdiTracker
+from meridian.core.signals import EatTracker, EntropyProbe, RpdiTracker
 
 ATOL = 1e-5
 
@@ -299,17 +299,6 @@ def test_stream_proxy_samples_interval_means() -> None:
     probe.check_integrity()
 
 
-def test_after_think_source_is_fed_only_by_add_sample() -> None:
-    probe = EntropyProbe(eat_config(), eat_source=EatSource.AFTER_THINK)
-    for _ in range(50):
-        probe.observe(0.5)
-    assert probe.num_eat_samples == 0 and not probe.converged and probe.num_tokens == 50
-    for _ in range(3):
-        probe.add_sample(0.9)
-    assert probe.converged and probe.num_eat_samples == 3 and probe.eat_ema == 0.9
-    probe.check_integrity()
-
-
 def test_default_min_distance_comes_from_alpha() -> None:
     probe = EntropyProbe(EntropyConfig(ema_alpha=0.05, eat_probe_interval_tokens=1))
     for _ in range(40):
@@ -382,67 +371,12 @@ def test_property_rpdi_matches_brute_force(flags: list[bool], window: int) -> No
 # ---------------------------------------------------------------- EntropyProbe
 
 
-def test_compute_observes_and_returns_float() -> None:
-    probe = EntropyProbe(EntropyConfig())
-    h = probe.compute(np.zeros(16, dtype=np.float32))
-    assert isinstance(h, float) and h == pytest.approx(math.log(16), abs=1e-6)
-    assert probe.num_tokens == 1
-    with pytest.raises(ValueError, match=r"\[vocab\]"):
-        probe.compute(np.zeros((2, 16), dtype=np.float32))
-
-
-def test_compute_batch_array_and_same_vocab_rows() -> None:
-    x = rng_logits(3, 200, 2.0)
-    probes = [EntropyProbe(EntropyConfig()) for _ in range(3)]
-    before = EntropyProbe.num_vocab_fallbacks
-    h = EntropyProbe.compute_batch(probes, x)
-    np.testing.assert_allclose(h, brute_entropy(x), atol=ATOL, rtol=0)
-    h2 = EntropyProbe.compute_batch(probes, [x[0], x[1], x[2]])
-    np.testing.assert_array_equal(h, h2)
-    assert EntropyProbe.num_vocab_fallbacks == before
-    assert [p.num_tokens for p in probes] == [2, 2, 2]
-
-
-def test_compute_batch_vocab_fallback_is_counted() -> None:
-    rows = [rng_logits(1, v, 2.0, seed=v)[0] for v in (100, 151936, 151665)]
-    probes = [EntropyProbe(EntropyConfig()) for _ in rows]
-    before = EntropyProbe.num_vocab_fallbacks
-    h = EntropyProbe.compute_batch(probes, rows)
-    assert EntropyProbe.num_vocab_fallbacks == before + 1
-    expected = [brute_entropy(r)[0] for r in rows]
-    np.testing.assert_allclose(h, expected, atol=ATOL, rtol=0)
-    assert all(p.num_tokens == 1 for p in probes)
-    bad = [rows[0], np.full(7, -np.inf, dtype=np.float32)]
-    with pytest.raises(ValueError, match=r"row 1"):
-        EntropyProbe.compute_batch(probes[:2], bad)
-
-
-def test_compute_batch_rejects_mismatched_probes() -> None:
-    probes = [EntropyProbe(EntropyConfig())]
-    with pytest.raises(ValueError, match="2 logits rows"):
-        EntropyProbe.compute_batch(probes, rng_logits(2, 10, 1.0))
-    with pytest.raises(ValueError, match=r"\[rows, vocab\]"):
-        EntropyProbe.compute_batch(probes, np.zeros(10, dtype=np.float32))
-    assert EntropyProbe.compute_batch([], []).shape == (0,)
-
-
 def test_observe_rejects_non_finite() -> None:
     probe = EntropyProbe(EntropyConfig())
     for bad in (math.nan, math.inf, -1.0):
         with pytest.raises(ValueError, match="finite"):
             probe.observe(bad)
     assert probe.num_tokens == 0
-
-
-def test_reset_forgets_everything() -> None:
-    probe = EntropyProbe(eat_config(rpdi_window_tokens=4))
-    feed(probe, [3.0] * 30)
-    assert probe.converged and probe.rpdi == 1.0
-    probe.reset()
-    assert (probe.num_tokens, probe.num_eat_samples, probe.rpdi) == (0, 0, 0.0)
-    assert not probe.converged and not probe.overthinking
-    assert (probe.eat_ema, probe.eat_variance) == (0.0, 0.0)
-    probe.check_integrity()
 
 
 @settings(max_examples=60, deadline=None)

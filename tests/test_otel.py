@@ -17,7 +17,6 @@ from pydantic import ValidationError
 
 from meridian.config.schema import TelemetryConfig
 from meridian.core.types import (
-    Complete,
     EnterThink,
     ExitThink,
     ForceBudget,
@@ -202,7 +201,7 @@ def test_spans_and_phase_events_arrive(receiver: tuple[str, Received]) -> None:
     tracer.phase_event("r1", ExitThink("r1", think_tokens=812, forced=True))
     tracer.request_finished("r1")
     tracer.phase_event("r2", EnterThink("r2"))  # never "started": opened implicitly
-    tracer.phase_event("r2", Complete("r2"))  # ends the span
+    tracer.request_finished("r2")
     tracer.request_started("r3")  # still open at shutdown
     tracer.request_finished("unknown")  # ignored
     assert tracer.num_open_requests == 1
@@ -236,7 +235,7 @@ def test_spans_and_phase_events_arrive(receiver: tuple[str, Received]) -> None:
     assert attrs(r1.attributes)["meridian.think_tokens"] == 812
     assert r1.parent_span_id == b""
     assert r1.trace_id != steps[0].trace_id
-    assert [e.name for e in requests["r2"].events] == ["EnterThink", "Complete"]
+    assert [e.name for e in requests["r2"].events] == ["EnterThink"]
     assert attrs(requests["r3"].attributes)["meridian.open_at_shutdown"] is True
     assert r1.end_time_unix_nano >= r1.start_time_unix_nano > 0
 

@@ -118,7 +118,7 @@ def test_catalogue_has_what_the_issue_requires() -> None:
         "hard_cap",
     }
     assert values("meridian_queue_depth", "phase") == {"output", "think"}
-    tiers = {"think_complete", "think_active", "output_critical"}
+    tiers = {"think_active", "output_critical"}
     assert values("meridian_kv_used_bytes", "tier") == tiers
     assert values("meridian_kv_evicted_blocks_total", "tier") == tiers
     assert {"output", "think"} <= values("meridian_batch_size", "phase")
@@ -195,12 +195,12 @@ def test_events_land_on_the_right_series() -> None:
 
 def test_output_critical_kv_eviction_counts_as_output_critical_eviction() -> None:
     m = MeridianMetrics()
-    m.count_kv_eviction(Tier.THINK_COMPLETE, 5)
+    m.count_kv_eviction(Tier.THINK_ACTIVE, 5)
     assert sample(m, "meridian_output_critical_evictions_total") == 0
     m.count_kv_eviction(Tier.OUTPUT_CRITICAL, 2)
     m.count_output_critical_eviction(3)
     assert sample(m, "meridian_kv_evicted_blocks_total", tier="output_critical") == 2
-    assert sample(m, "meridian_kv_evicted_blocks_total", tier="think_complete") == 5
+    assert sample(m, "meridian_kv_evicted_blocks_total", tier="think_active") == 5
     assert sample(m, "meridian_output_critical_evictions_total") == 5
 
 

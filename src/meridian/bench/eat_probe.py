@@ -9,8 +9,8 @@ thinking* to the reasoning so far. Meridian's server computes a proxy of it from
    server's forcing is off for every request, so only the probe decides);
 2. after each chunk a probe, ``prompt + reasoning + suffix`` with ``max_tokens=1`` and
    ``logprobs=K``, returns the top-K log-probabilities of the token after the suffix; their
-   entropy is one sample for :class:`~meridian.core.signals.EatTracker` (``add_sample``, the
-   ``AFTER_THINK`` source);
+   entropy is one sample for :class:`~meridian.core.signals.EatTracker` (``add_sample``; the
+   report names this source ``after_think``);
 3. when the tracker converges the harness forces: ``prompt + reasoning + suffix``, and the answer
    is generated from there; when the model writes ``think_end`` itself first, the answer is
    generated after its own marker. Think tokens are the reasoning tokens before either.

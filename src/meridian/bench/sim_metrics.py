@@ -33,8 +33,8 @@ def record_sim_result(
         metrics: where to report (counters add to what is already there).
         result: one policy's simulator run.
         block_size_bytes: bytes of one KV block; when given, KV capacity and the last sample's
-            KV usage are reported in bytes. The sample does not split think blocks between
-            THINK_ACTIVE and THINK_COMPLETE, so all of them are reported as THINK_ACTIVE.
+            KV usage are reported in bytes (think blocks as THINK_ACTIVE, the rest as
+            OUTPUT_CRITICAL).
 
     Think tokens are observed for requests that ended a think phase; the latency histograms
     for requests that produced the corresponding tokens. Unfinished requests (a truncated run)
@@ -66,7 +66,6 @@ def record_sim_result(
         metrics.set_queue_depth(Phase.THINK, last.queue_think)
         if block_size_bytes is not None:
             think = last.num_kv_blocks_think
-            metrics.set_kv_used_bytes(Tier.THINK_COMPLETE, 0)
             metrics.set_kv_used_bytes(Tier.THINK_ACTIVE, think * block_size_bytes)
             metrics.set_kv_used_bytes(
                 Tier.OUTPUT_CRITICAL, (last.num_kv_blocks_used - think) * block_size_bytes

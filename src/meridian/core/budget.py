@@ -180,7 +180,7 @@ class BudgetPolicy:
                 ForceReason.CONVERGED,
                 num_think_tokens,
                 f"eat_variance={probe.eat_variance:.4g} < {probe.eat_variance_threshold:g} "
-                f"after {probe.num_eat_samples} samples ({probe.eat_source.value})",
+                f"after {probe.num_eat_samples} samples (stream_proxy)",
             )
         if probe.overthinking and signals.rpdi:
             return ForceDecision(

@@ -1,11 +1,8 @@
-"""Per-token entropy of the next-token distribution: the reference every implementation matches.
+"""Per-token entropy of the next-token distribution in numpy: the reference that the logits
+processor's torch code (:func:`meridian.vllm.logits.entropy_torch`) matches within
+``atol=1e-5``, and what ``benchmarks/bench_reasoner_traces.py`` computes traces with.
 
-:func:`entropy_nats` — Shannon entropy (nats) of ``softmax(logits)`` per row, numpy, in a stable
-form (``logsumexp(z) - sum(softmax(z) * z)``), chunked to stay in cache. It is the *reference*
-that device (torch/GPU) implementations must match within ``atol=1e-5``; the signals built on it
-are in :mod:`meridian.core.signals`.
-
-bf16 logits: numpy has no bfloat16; upcast them to float32 before calling :func:`entropy_nats`.
+NOTE: numpy has no bfloat16; upcast bf16 logits to float32 before calling :func:`entropy_nats`.
 """
 
 from __future__ import annotations
@@ -16,13 +13,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ENTROPY_SLACK", "Float32Array", "entropy_nats"]
+__all__ = ["Float32Array", "entropy_nats"]
 
 # Elements per working chunk: two float32 buffers of this size (1 MiB) stay in a 2 MiB L2, so
 # every pass after the first read of the logits runs from cache. A row is never split.
 _CHUNK_ELEMENTS = 1 << 17
-# Per-token entropies slightly below 0 come from device rounding; anything lower is a bug.
-ENTROPY_SLACK = 1.0e-3
 
 Float32Array = npt.NDArray[np.float32]
 

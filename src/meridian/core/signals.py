@@ -1,61 +1,33 @@
-"""Entropy signals of the think phase: EAT (convergence) and RPDI (overthinking).
+"""Entropy signals of the think phase, fed one token's entropy at a time: EAT (convergence) and
+RPDI (overthinking), and :class:`EntropyProbe`, which feeds both for one request.
 
-Plain Python, fed one entropy at a time (per-token entropy: :mod:`meridian.core.entropy`):
+EAT is the stopping rule of arXiv:2509.26522 over Meridian's stream proxy (ADR-0007): every
+``eat_probe_interval_tokens`` think tokens, one sample is the interval's mean per-token entropy.
 
-* :class:`EatTracker` — the EAT stopping rule of arXiv:2509.26522: an EMA ``M`` and an EMA
-  variance ``V`` of a sampled entropy signal ``x``; converged at the first sample index
-  ``n >= min_distance`` with ``V[n] < delta``.
-* :class:`RpdiTracker` — transition-token density: RPDI = (transition rate over the last
-  ``rpdi_window_tokens`` tokens) / (transition rate over the whole chain so far).
-
-:class:`EntropyProbe` bundles both trackers for one request; the budget policy
-(:mod:`meridian.core.budget`) reads its ``converged`` and ``overthinking`` flags.
-
-Which EAT signal a probe uses is explicit (:class:`EatSource`):
-
-* ``STREAM_PROXY`` (default) — Meridian's cheap in-stream proxy. Every
-  ``eat_probe_interval_tokens`` think tokens, one sample ``x[n]`` is taken: the *mean per-token
-  entropy of the live stream over that interval*. The mean (rather than the last token's
-  entropy) is used because single-token entropy is very noisy (one high-entropy word choice would
-  dominate), and an interval mean is what an EMA over paragraphs in the paper averages over.
-* ``AFTER_THINK`` — the paper's signal: ``x[n]`` is the entropy of the next-token distribution
-  after appending ``</think>`` (the paper also appends a newline) to the reasoning so far, which
-  needs an extra forward pass per sample. A caller that computes it feeds it with
-  :meth:`EntropyProbe.add_sample`; per-token :meth:`EntropyProbe.observe` then only feeds RPDI.
-
-Length: the EAT and RPDI trackers and the probe that combines them are one signal path,
-read together with the paper's definitions above.
+NOTE: the paper samples the entropy *after appending* ``</think>``, which needs an extra forward
+pass per sample; only the accuracy harness measures that signal
+(:mod:`meridian.bench.eat_probe`, through :meth:`EatTracker.add_sample`). The interval mean, not
+the last token's entropy, is the sample because single-token entropy is dominated by word choice.
 """
 
 from __future__ import annotations
 
 import copy
-import enum
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import numpy as np
-import numpy.typing as npt
 
 from meridian.config.schema import EntropyConfig
-from meridian.core.entropy import ENTROPY_SLACK, Float32Array, entropy_nats
 
-__all__ = ["EatSource", "EatTracker", "EntropyProbe", "RpdiTracker"]
+__all__ = ["EatTracker", "EntropyProbe", "RpdiTracker"]
+
+# Per-token entropies slightly below 0 come from device rounding; anything lower is a bug.
+ENTROPY_SLACK = 1.0e-3
 
 
 def _require(condition: bool, message: str) -> None:
     """``check_integrity`` helper: unlike ``assert`` it also runs under ``python -O``."""
     if not condition:
         raise AssertionError(message)
-
-
-class EatSource(enum.Enum):
-    """Which signal feeds the EAT tracker (name it in every run's report)."""
-
-    STREAM_PROXY = "stream_proxy"
-    AFTER_THINK = "after_think"
 
 
 @dataclass(slots=True)
@@ -68,8 +40,8 @@ class EatTracker:
     earliest on the ``min_distance + 1``-th sample) with ``V[n] < variance_threshold``. The
     ``min_distance`` guard is what stops ``V[0] = 0`` from firing at once.
 
-    Invariant: once converged, the state is latched (further samples are ignored) until
-    :meth:`reset`, so ``ema``/``variance`` report the values that fired the stop.
+    Invariant: once converged, the state is latched (further samples are ignored), so
+    ``ema``/``variance`` report the values that fired the stop.
 
     :meth:`observe` is the stream proxy: it averages per-token entropies over ``interval_tokens``
     tokens and feeds each interval mean to :meth:`add_sample`.
@@ -143,15 +115,6 @@ class EatTracker:
             self._interval_sum = 0.0
             self._interval_count = 0
             self.add_sample(mean)
-
-    def reset(self) -> None:
-        """Forget every sample (same parameters)."""
-        self.ema = 0.0
-        self.variance = 0.0
-        self.num_samples = 0
-        self.converged_at = None
-        self._interval_sum = 0.0
-        self._interval_count = 0
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant, if any."""
@@ -246,14 +209,6 @@ class RpdiTracker:
         """``rpdi > rpdi_threshold`` now (not latched: it follows the stream)."""
         return self.rpdi > self.rpdi_threshold
 
-    def reset(self) -> None:
-        """Forget the chain (same parameters)."""
-        self.num_tokens = 0
-        self.num_transitions = 0
-        self.num_window_transitions = 0
-        self._pos = 0
-        self.ring = bytearray(self.window_tokens)
-
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant, if any."""
         _require(len(self.ring) == self.window_tokens, "ring size differs from the window")
@@ -273,15 +228,12 @@ class RpdiTracker:
 
 
 class EntropyProbe:
-    """One request's entropy signals: EAT convergence and RPDI overthinking.
+    """One request's entropy signals: feed it every think token's entropy with :meth:`observe`;
+    the budget policy (:mod:`meridian.core.budget`) reads ``converged`` and ``overthinking``.
 
-    Feed it every think token's entropy with :meth:`observe` (or let :meth:`compute` /
-    :meth:`compute_batch` compute it from logits). The numbers of the ``[entropy]`` section are
-    copied into plain slots at construction; no pydantic on the hot path. ``enabled`` is not read
-    here: whether the signals may force is the budget policy's decision.
-
-    ``eat_source`` names the EAT signal (see the module docstring): with ``STREAM_PROXY``
-    :meth:`observe` feeds EAT interval means; with ``AFTER_THINK`` only :meth:`add_sample` does.
+    The ``[entropy]`` section's numbers are copied into plain slots at construction (no pydantic
+    on the hot path). ``enabled`` is not read here: whether the signals may force is the budget
+    policy's decision.
 
     >>> probe = EntropyProbe(EntropyConfig(ema_alpha=0.5, eat_min_distance=2,
     ...                                    eat_probe_interval_tokens=1))
@@ -291,96 +243,18 @@ class EntropyProbe:
     (True, 3, 3)
     """
 
-    __slots__ = ("_eat", "_eat_source", "_feeds_eat", "_rpdi")
+    __slots__ = ("_eat", "_rpdi")
 
-    # Per-process count of compute_batch calls that got rows of differing vocab sizes and fell
-    # back to one entropy per row; the vLLM integration exports it as a metric.
-    num_vocab_fallbacks: ClassVar[int] = 0
-
-    def __init__(
-        self, config: EntropyConfig, *, eat_source: EatSource = EatSource.STREAM_PROXY
-    ) -> None:
+    def __init__(self, config: EntropyConfig) -> None:
         self._eat = EatTracker.from_config(config)
         self._rpdi = RpdiTracker.from_config(config)
-        self._eat_source = eat_source
-        self._feeds_eat = eat_source is EatSource.STREAM_PROXY
 
     def observe(self, entropy: float) -> None:
         """Account one think token's entropy (nats, finite, >= 0)."""
         if not -ENTROPY_SLACK <= entropy < math.inf:
             raise ValueError(f"token entropy must be a finite number of nats >= 0; got {entropy}")
         self._rpdi.observe(entropy)
-        if self._feeds_eat:
-            self._eat.observe(entropy)
-
-    def add_sample(self, x: float) -> None:
-        """Feed one EAT sample directly, e.g. the paper's entropy after ``</think>``.
-
-        Meant for ``EatSource.AFTER_THINK`` probes; on a ``STREAM_PROXY`` probe it adds a sample to
-        the same recursion between the interval means.
-        """
-        self._eat.add_sample(x)
-
-    def compute(self, logits_row: npt.ArrayLike) -> float:
-        """Entropy of one ``[vocab]`` logits row; it is observed, then returned."""
-        row = np.asarray(logits_row)
-        if row.ndim != 1:
-            raise ValueError(f"compute() takes one [vocab] logits row; got shape {row.shape}")
-        entropy = float(entropy_nats(row))
-        self.observe(entropy)
-        return entropy
-
-    @staticmethod
-    def compute_batch(
-        probes: Sequence[EntropyProbe],
-        logits: npt.NDArray[Any] | Sequence[npt.NDArray[Any]],
-    ) -> Float32Array:
-        """Entropy of every row (one per probe, same order), each observed by its probe.
-
-        ``logits`` is a ``[rows, vocab]`` array, or a sequence of ``[vocab]`` rows. Rows of one
-        vocab size are computed in one vectorised call; rows of differing sizes fall back to one
-        call per row, counted in ``EntropyProbe.num_vocab_fallbacks``. Returns ``[rows]`` float32.
-        """
-        if isinstance(logits, np.ndarray):
-            if logits.ndim != 2:
-                raise ValueError(
-                    f"compute_batch() takes [rows, vocab] logits; got shape {logits.shape}"
-                )
-            num_rows = logits.shape[0]
-            batch: npt.NDArray[Any] | None = logits
-        else:
-            rows = [np.asarray(r) for r in logits]
-            for i, r in enumerate(rows):
-                if r.ndim != 1:
-                    raise ValueError(f"logits row {i} must be [vocab]; got shape {r.shape}")
-            num_rows = len(rows)
-            same_vocab = len({r.shape[0] for r in rows}) <= 1
-            batch = np.stack(rows) if same_vocab and rows else None
-        if num_rows != len(probes):
-            raise ValueError(
-                f"compute_batch() got {len(probes)} probes for {num_rows} logits rows; "
-                "pass one probe per row"
-            )
-        if num_rows == 0:
-            return np.empty(0, dtype=np.float32)
-        if batch is not None:
-            entropies = entropy_nats(batch)
-        else:
-            EntropyProbe.num_vocab_fallbacks += 1
-            entropies = np.empty(num_rows, dtype=np.float32)
-            for i, r in enumerate(rows):
-                try:
-                    entropies[i] = entropy_nats(r)
-                except ValueError as exc:
-                    raise ValueError(f"logits row {i}: {exc}") from exc
-        for probe, entropy in zip(probes, entropies.tolist(), strict=True):
-            probe.observe(entropy)
-        return entropies
-
-    @property
-    def eat_source(self) -> EatSource:
-        """Which signal feeds EAT (fixed at construction)."""
-        return self._eat_source
+        self._eat.observe(entropy)
 
     @property
     def eat_ema(self) -> float:
@@ -424,18 +298,13 @@ class EntropyProbe:
 
     @property
     def converged(self) -> bool:
-        """EAT stop rule fired (latched until :meth:`reset`)."""
+        """EAT stop rule fired (latched)."""
         return self._eat.converged
 
     @property
     def overthinking(self) -> bool:
         """``rpdi > rpdi_threshold`` now."""
         return self._rpdi.overthinking
-
-    def reset(self) -> None:
-        """Forget everything observed (e.g. a preempted request restarts its think phase)."""
-        self._eat.reset()
-        self._rpdi.reset()
 
     def copy(self) -> EntropyProbe:
         """An independent probe in this one's state: observations that may not count (a
@@ -451,7 +320,7 @@ class EntropyProbe:
         """Raise ``AssertionError`` naming the first broken invariant of either tracker."""
         self._eat.check_integrity()
         self._rpdi.check_integrity()
-        if self._feeds_eat and not self._eat.converged:
+        if not self._eat.converged:
             expected = self._rpdi.num_tokens // self._eat.interval_tokens
             _require(
                 self._eat.num_samples >= expected,

@@ -39,16 +39,14 @@ PREFILL, THINK, OUTPUT, COMPLETE = Phase.PREFILL, Phase.THINK, Phase.OUTPUT, Pha
 
 
 class Tier(enum.IntEnum):
-    """What a request's KV holds, as the metrics label it: a thinking request's reasoning
-    (``THINK_ACTIVE``), an answer stream's prompt, reasoning and answer (``OUTPUT_CRITICAL``), a
-    finished think phase's reasoning (``THINK_COMPLETE``, not split out inside vLLM). The order
-    of preemption is :class:`~meridian.core.victims.VictimClass`'s, not this.
+    """What a request's KV holds, as the metrics label it: a thinking (or prefilling) request's
+    (``THINK_ACTIVE``), an answer stream's prompt, reasoning and answer (``OUTPUT_CRITICAL``).
+    The order of preemption is :class:`~meridian.core.victims.VictimClass`'s, not this.
 
-    The integer values order the tiers (they were the wire codes of the deleted MRDN v1 library,
-    ADR-0016).
+    The values are those of the deleted MRDN v1 library's wire codes (ADR-0015), whose
+    ``THINK_COMPLETE = 0`` nothing inside vLLM could report.
     """
 
-    THINK_COMPLETE = 0
     THINK_ACTIVE = 1
     OUTPUT_CRITICAL = 2
 
@@ -93,11 +91,4 @@ class ForceBudget:
     reason: ForceReason
 
 
-@dataclass(frozen=True, slots=True)
-class Complete:
-    """The request finished (or was aborted) and is no longer tracked."""
-
-    request_id: str
-
-
-PhaseEvent: TypeAlias = EnterThink | ExitThink | ForceBudget | Complete
+PhaseEvent: TypeAlias = EnterThink | ExitThink | ForceBudget

@@ -210,8 +210,7 @@ KV_BLOCKS: Final = MetricSpec(
 KV_USED: Final = MetricSpec(
     "meridian_kv_used_bytes", G,
     "KV cache bytes held, by tier: in vLLM thinking and prefilling requests' blocks under "
-    "think_active, answer streams' (their prompt and reasoning included) under output_critical; "
-    "think_complete stays 0 (only the retired KV pool reported it).",
+    "think_active, answer streams' (their prompt and reasoning included) under output_critical.",
     ("tier",), "meridian.kv_used", "bytes",
 )  # fmt: skip
 KV_CAPACITY: Final = MetricSpec(

@@ -4,9 +4,8 @@ Traces:
 
 - one span ``meridian.step`` per scheduling step (:meth:`Tracer.step_span`);
 - one span ``meridian.request`` per request, a root span of its own trace, opened by
-  :meth:`Tracer.request_started` and ended by :meth:`Tracer.request_finished` (or a
-  ``Complete`` event); phase events (``EnterThink``, ``ExitThink``, ``ForceBudget``,
-  ``Complete``) are span events on it.
+  :meth:`Tracer.request_started` and ended by :meth:`Tracer.request_finished`; phase events
+  (``EnterThink``, ``ExitThink``, ``ForceBudget``) are span events on it.
 
 Metrics: :meth:`Tracer.export_metrics` mirrors every :class:`MeridianMetrics` event onto
 OpenTelemetry instruments named by the catalogue's dotted names (``meridian.queue_depth``),
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Final, Protocol, TypeAlias
 from urllib.parse import urlsplit
 
 from meridian.config.schema import TelemetryConfig
-from meridian.core.types import Complete, EnterThink, ExitThink, ForceBudget, PhaseEvent
+from meridian.core.types import EnterThink, ExitThink, ForceBudget, PhaseEvent
 from meridian.errors import ConfigError
 from meridian.telemetry.catalogue import CATALOGUE, MetricKind, MetricSpec
 
@@ -109,7 +108,7 @@ class Tracer:
         """Open the request's span."""
 
     def phase_event(self, request_id: str, event: PhaseEvent) -> None:
-        """Record ``event`` on the request's span (``Complete`` also ends it)."""
+        """Record ``event`` on the request's span."""
 
     def request_finished(self, request_id: str) -> None:
         """End the request's span."""
@@ -248,8 +247,6 @@ class OtlpTracer(Tracer):
                 span.set_attributes(attributes)
             elif isinstance(event, EnterThink):
                 span.set_attribute("meridian.thinking", True)
-            if isinstance(event, Complete):
-                self._end(request_id)
 
     def request_finished(self, request_id: str) -> None:
         """End ``request_id``'s span (unknown ids are ignored)."""

@@ -328,9 +328,8 @@ class Publisher:
 
         The KV in blocks by phase and in bytes by tier: thinking (and prefilling) requests'
         under ``think``/``think_active``, answer streams' (prompt and reasoning included: the
-        answer attends over them) under ``output``/``output_critical``; ``think_complete`` stays
-        0 inside vLLM. Counted from computed tokens (a shared prefix block counts once per
-        holder).
+        answer attends over them) under ``output``/``output_critical``. Counted from computed
+        tokens (a shared prefix block counts once per holder).
 
         Checked with each batch of overhead samples (at most every ``PUBLISH_INTERVAL_S``) and
         when the engine idles: a scrape sees them about that late, as the histograms.
