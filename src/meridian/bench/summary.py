@@ -1,6 +1,6 @@
 """Metrics of one simulator run: from a :class:`SimResult` to a :class:`PolicySummary`.
 
-Definitions (DESIGN.md, "Measuring"); every time is in seconds of simulated time. Every
+Every time is in seconds of simulated time. Every
 per-request figure is over the *measured* requests: those arriving in the run's window
 (:class:`~meridian.bench.slo.Window`, after the warm-up); the engine-wide figures (peak KV use,
 the longest waiting queue, computed tokens) are the engine's from the warm-up's end on.

@@ -103,7 +103,7 @@ MAX_TOKENIZER_BYTES = 128 * MIB
 # Token ids are int32 in vLLM's sampler and in every tokenizer vocabulary in use.
 MAX_TOKEN_ID = 2**31 - 1
 
-# Ids from DESIGN.md ("Verified facts"); they are checked against a tokenizer when one is given.
+# The families' published ids; they are checked against a tokenizer when one is given (ADR-0006).
 BUNDLED_MODELS: dict[str, ModelDefinition] = {
     "deepseek_r1": ModelDefinition(
         think_start="<think>",

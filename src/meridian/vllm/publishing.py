@@ -269,7 +269,7 @@ class Publisher:
         samples = self._overhead_samples
         samples.append((total - self._sampled_overhead_s, 1))
         self._sampled_overhead_s = total
-        try:  # fail open (as _guarded, without its object on this per-step path)
+        try:  # fail open by hand: a context manager costs too much on this per-step path
             now = self.policy.clock()
             due = idle or now - self._published_at >= PUBLISH_INTERVAL_S
             if due:
