@@ -12,17 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meridian.bench.entropy_model import EntropyModelParams, load_data_file
+from meridian.bench.workload_table import (
+    DistKind,
+    LengthDist,
+    clipped_lognormal_mean,
+    parse_workload_table,
+)
 from meridian.bench.workloads import (
     MAX_EXPECTED_REQUESTS,
     TABLE_WORKLOADS,
     WORKLOADS,
-    DistKind,
-    LengthDist,
     WorkloadError,
     WorkloadParams,
-    clipped_lognormal_mean,
     generate_workload,
-    parse_workload_table,
     poisson_arrivals_ns,
     workload_definition,
 )

@@ -1,6 +1,6 @@
 """The headline's evidence: Meridian against stock vLLM (forcing held equal) and the Pascal-like
 baseline over a load sweep around the engine's capacity, per workload, several seeds, every
-target marked.
+target (:data:`TARGETS_TEXT`, issue 44) marked.
 
 ``benchmarks/bench_targets.py`` runs the sweep and writes one :class:`TargetsRun` (JSON,
 committed under ``benchmarks/results/``); :mod:`meridian.bench.targets_render` turns it into the
@@ -8,32 +8,18 @@ README's and docs' tables. A cell is one policy at one rate and one seed: ``dura
 workload at ``load x capacity`` requests/s, on vLLM's own ``AsyncScheduler`` driven on virtual
 time (``--engine vllm``) at vLLM's defaults for the hardware.
 
-How a cell is measured (:mod:`meridian.bench.slo`, :mod:`meridian.bench.loads`):
-
-- **nested loads**: per workload and seed, one trace is drawn at the sweep's highest rate and
-  thinned to each rate, so a higher load holds every request of a lower one;
-- **warm-up**: arrivals in the first ``warmup_s`` seconds are in no statistic;
-- **SLO attainment** from each request's latency on an idle engine of the same shape, at scales
-  1.5-10, reasoning hidden and shown; goodput is the requests meeting it at 3x per second of the
-  arrival window;
-- **contention**: the peak KV use, the longest waiting queue and the preempted requests of each
-  cell; a load where neither policy preempted or queued anything in any seed is marked "no
-  contention" (every scheduler must tie there; its ratios are not claims).
+How a cell is measured (:mod:`meridian.bench.loads`, :mod:`meridian.bench.slo`): per workload
+and seed one trace, drawn at the highest rate and thinned to each (a higher load holds every
+request of a lower one); no statistic counts the arrivals of the first ``warmup_s`` seconds; SLO
+attainment is from each request's latency on an idle engine of the same shape, at scales 1.5-10,
+reasoning hidden and shown, and goodput is the requests meeting it at 3x per second of the
+arrival window. Each cell records its peak KV use, longest waiting queue and preempted requests;
+a load where neither policy preempted or queued anything in any seed is marked "no contention"
+(every scheduler must tie there; its ratios are not claims).
 
 Tables show, per load, each figure's median over the seeds for Meridian and stock, and the median
 (and range) of the per-seed ratio Meridian / stock (the same seed is the same trace); a target
 holds when the median ratio meets it.
-
-Capacity: the highest rate at which stock vLLM's queue stays bounded over the run, found with
-this sweep (``--rates`` around it) and checked in every run: over the last third of the
-arrival window the waiting queue averages at most max(8, 1.25 x its average over the middle
-third).
-
-The targets (:data:`TARGETS_TEXT`, issue 44), each against stock with the same forcing: at every
-load TTFT P95 <= 1.1x, TTFVT P95 <= 1.02x and throughput >= 0.99x; at loads up to :data:`LIGHT`
-every figure within +-3 % (+-3 points for attainment); from :data:`HEAVY` up answer ITL P99 <=
-0.5x, recomputed tokens <= 0.2x, SLO attainment at 3x >= stock's + 10 points with the reasoning
-hidden and >= stock's with it shown.
 """
 
 from __future__ import annotations
@@ -51,8 +37,10 @@ from meridian.bench.slo import UserModel
 
 STOCK, MERIDIAN, PASCAL = "vllm-fcfs+forcing", "meridian", "pascal+forcing"
 POLICIES = (STOCK, MERIDIAN, PASCAL)
-# Requests/s at which stock vLLM's queue stays bounded over 10 minutes, found with this sweep
-# (docs/benchmarks.md has the runs that bracket each one).
+# Capacity: the highest rate (req/s) at which stock vLLM's queue stays bounded over 10 minutes,
+# found with this sweep (docs/benchmarks.md has the runs that bracket each one) and checked in
+# every run: over the arrival window's last third the waiting queue averages at most
+# max(8, 1.25 x its average over the middle third).
 CAPACITY: dict[tuple[str, str, str], float] = {
     ("synthetic", "qwen3-8b", "h100-sxm"): 5.5,
     # vllm-fcfs+forcing, 600 s, seed 0: bounded at 1.4, 1.6, 1.8 and 1.9 req/s, grows at 2.0.

@@ -62,9 +62,8 @@ DURATION_HELP = (
     "10-minute window of its source)"
 )
 _EXPLICIT = ExplicitSlo()
-# The default run shows scheduling at work: at 16 req/s for 60 s the synthetic workload fills an
-# H100's KV cache for Qwen3-8B and stock vLLM preempts; at 8 req/s for 30 s nothing is preempted
-# and every scheduler is the same, so the screen would show only forcing.
+# The default shows scheduling at work: at 16 req/s for 60 s stock vLLM preempts (the synthetic
+# workload fills an H100's KV cache for Qwen3-8B); at 8 req/s for 30 s only forcing would show.
 DEFAULT_RATE = 16.0
 SIM_DEFAULT_DURATION_S = 60.0
 # SLO bounds: an hour between two answer tokens (as scheduler.output_tpot_budget_ms), a day of
