@@ -9,6 +9,10 @@ scale, a panel per user model (and per load, for a sweep).
 NOTE: figures are built with ``matplotlib.figure.Figure`` and the Agg canvas directly instead of
 ``pyplot``: no global backend switch, no figure registry to leak, nothing to close, and it is
 safe to call from any thread.
+
+Length: every chart is a short function over one shared set of helpers (figure sizing, colours,
+CDF points, log axes, the sketch note); a module per chart would import them all, and the
+charts' look would be set in several places.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ a load where neither policy preempted or queued anything in any seed is marked "
 Tables show, per load, each figure's median over the seeds for Meridian and stock, and the median
 (and range) of the per-seed ratio Meridian / stock (the same seed is the same trace); a target
 holds when the median ratio meets it.
+
+Length: the committed results file's schema (:class:`TargetsRun`), the run that fills a cell and
+the checks over the cells change together: a new figure is a field, its computation and perhaps
+a target, and a schema change must stay readable for the files already committed.
 """
 
 from __future__ import annotations
