@@ -130,7 +130,7 @@ BUNDLED_MODELS: dict[str, ModelDefinition] = {
         supports_think_disable=True,
         # vLLM's qwen3 parser starts in reasoning whether or not the model emits <think> (the
         # model does; Meridian takes that one as a marker); enable_thinking=False closes the
-        # block in the prompt, which rule 4 of the phase router reads as OUTPUT.
+        # block in the prompt, which rule 4 of the initial phase reads as OUTPUT.
         think_starts_in_prompt=True,
     ),
     "qwq": ModelDefinition(

@@ -1,33 +1,12 @@
-"""A reasoning model's token format: where its think phase starts and ends, in token ids.
+"""A reasoning model's token format: its think boundaries in token ids, their marker automata,
+and the phase a prompt starts a request in (:meth:`ReasoningFormat.prompt_start`, by the rules
+of the table "The initial phase" in docs/architecture.md, first that applies).
 
-:class:`ReasoningFormat` is what Meridian knows of a model family at the token level (the ids of
-``think_start`` and ``think_end``, resolved from the tokenizer by :mod:`meridian.config`; the
-newline ids a chat template puts after them; a ``no_think`` directive) and the rule for the
-phase a request starts in (:meth:`ReasoningFormat.initial_phase`, first rule that applies):
-
-1. the format has no boundaries (``think_start == ()``): OUTPUT, a single-phase request;
-2. the format has a ``no_think`` directive and the prompt contains that token sequence: OUTPUT;
-3. the prompt ends with ``think_start``, optionally followed by ``newline_ids`` tokens: THINK;
-4. the prompt ends with ``think_end`` (optionally followed by newlines): OUTPUT. The chat template
-   opened *and closed* the think block (thinking disabled), so no think phase follows. NOTE: this
-   rule is Meridian's addition; without it rule 6 would leave such a request in THINK forever;
-5. the prompt's last ``think_start`` is not followed by a ``think_end`` (vLLM's own test of a
-   prompt, ``last_start > last_end``, as its reasoning parsers' ``is_reasoning_end`` and its
-   ``thinking_token_budget`` read it): THINK. The reasoning started in the prompt (a raw
-   completion prompt ``… <think>\n20 7;``, a client continuing a cut stream), and the tokens
-   after that ``think_start`` (newline tokens right after it excepted) are the request's
-   ``num_prompt_think_tokens``: they count toward its think budget, as vLLM's
-   ``thinking_token_budget`` counts them, but they were not generated (no think-token count or
-   metric holds them);
-6. ``think_starts_in_prompt``: THINK (the template opened the block, or the family's vLLM
-   reasoning parser reads the output as reasoning until ``think_end``, as ``qwen3``'s does);
-7. otherwise PREFILL: the first generated tokens decide (:mod:`meridian.core.state`).
-
-Matching: a marker is a token-id *sequence* (one id for ``<think>``-style special tokens, several
-for Granite's prose markers). It is matched across token boundaries and across steps by a KMP
-automaton compiled once per distinct marker (cached): the per-request state is one int, and each
-token costs one dict lookup. Single-token markers take a fast path (an int compare, or one
-C-level ``in`` over a multi-token delta).
+NOTE: a marker is a token-id *sequence* (one id for ``<think>``-style special tokens, several for
+Granite's prose markers), matched across token boundaries and across steps by a KMP automaton
+compiled once per distinct marker (cached): the per-request state is one int, and each token
+costs one dict lookup. Single-token markers take a fast path (an int compare, or one C-level
+``in`` over a multi-token delta).
 """
 
 from __future__ import annotations
@@ -241,12 +220,13 @@ class ReasoningFormat:
         return bool(self.think_start)
 
     def initial_phase(self, prompt_token_ids: Sequence[int]) -> Phase:
-        """The phase a request starts in, by the rules in the module docstring (pure)."""
+        """The phase a request starts in (pure; :meth:`prompt_start`)."""
         return self.prompt_start(prompt_token_ids)[0]
 
     def prompt_start(self, prompt_token_ids: Sequence[int]) -> tuple[Phase, int]:
         """The phase a request starts in and the think tokens its prompt already holds (its
-        ``num_prompt_think_tokens``), by the rules in the module docstring (pure).
+        ``num_prompt_think_tokens``), by the rules of docs/architecture.md's "The initial
+        phase" table, in its order (pure).
 
         >>> m = ReasoningFormat(think_start=(7,), think_end=(8,), newline_ids=frozenset({10}))
         >>> m.prompt_start([1, 7, 10]), m.prompt_start([1, 7, 10, 20, 21, 22])
@@ -260,9 +240,15 @@ class ReasoningFormat:
         if _ends_with_marker(prompt, self.think_start, self.newline_ids):
             return Phase.THINK, 0
         if _ends_with_marker(prompt, self.think_end, self.newline_ids):
+            # NOTE: Meridian's addition. The template opened and closed the block (thinking
+            # disabled); without this rule think_starts_in_prompt would keep it in THINK forever.
             return Phase.OUTPUT, 0
         opened = _rfind(prompt, self.think_start)
         # vLLM's last_start > last_end: no think_end begins at or after the last think_start.
+        # The reasoning started in the prompt (a raw completion prompt, a client continuing a cut
+        # stream): its tokens after the marker (newlines right after it excepted) count toward
+        # the think budget, as vLLM's thinking_token_budget counts them, but no think-token count
+        # or metric holds them (they were not generated).
         if opened >= 0 and not _contains(prompt[opened:], self.think_end):
             reasoning = opened + len(self.think_start)
             while reasoning < len(prompt) and prompt[reasoning] in self.newline_ids:

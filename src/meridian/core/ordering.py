@@ -1,18 +1,12 @@
-"""The dual queue: answer streams first, thinking fills what is left (ADR-0002).
+"""The dual queue (ADR-0002): a pure ordering of the running requests' ``RequestState`` s (their
+phase is read there, live), two queues each in arrival order. Answer streams and prefills are
+served first, up to ``capacity``; thinking requests fill the think limit,
+``min(floor(think_batch_multiplier * output_budget), capacity - num_output_served)``; a thinking
+request deferred ``think_starvation_steps`` steps in a row is served the next step whatever the
+limit says.
 
-A pure ordering over the running requests' :class:`~meridian.core.state.RequestState` s (their
-phase is read there, live; nothing here copies it). Two queues, each in arrival order (FCFS)::
-
-    output queue   PREFILL and OUTPUT requests    served first, up to `capacity`
-    think queue    THINK requests                 fill up to the think limit; the rest wait
-
-PREFILL requests sit in the output queue on purpose: until the first token is out we do not know
-whether the request will think at all, and its user is waiting for that first token, so a request
-of unknown phase is never deferred to make room for thinking.
-
-The think limit of a step is ``min(floor(think_batch_multiplier * output_budget), capacity -
-num_output_served)``. A think request deferred ``think_starvation_steps`` consecutive steps is
-*starving* and is served the next step whatever the limit says (the starvation guard).
+NOTE: PREFILL requests are in the output queue: until the first token is out nobody knows whether
+the request will think at all, and its user is waiting for that first token.
 """
 
 from __future__ import annotations
