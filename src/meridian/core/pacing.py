@@ -1,16 +1,5 @@
-"""When each step's tokens came, and answer pacing: skip an answer stream that is ahead of pace.
-
-:class:`StepTimes` keeps the clock at each recent step's tokens (a ring indexed by step: two list
-stores a step, where a dict would hash, insert, delete and now and then rebuild). The tracker
-stamps it as it observes each step; answer gaps (what a stream waited between two tokens) and
-pacing read it.
-
-:class:`AnswerPacer` (``scheduler.answer_pace_ms``; 0, the default, turns it off, see
-ADR-0013): an answer stream whose next token would still come within the pace of its last one if
-it sat out this step (it would come at the end of the next step: now + 2 mean steps) is skipped,
-leaving the step to others. The mean step duration moves ``STEP_TIME_WEIGHT`` of the way to each
-new plan-to-plan interval.
-"""
+"""When each recent step's tokens came (:class:`StepTimes`), and answer pacing
+(:class:`AnswerPacer`): skip an answer stream that is ahead of pace."""
 
 from __future__ import annotations
 
@@ -27,7 +16,12 @@ STEP_TIME_WEIGHT = 0.1
 
 class StepTimes:
     """The clock when each of the last ``size`` steps' tokens were observed (``size`` 0: none
-    kept)."""
+    kept). The tracker stamps it as it observes each step; answer gaps (what a stream waited
+    between two tokens) and pacing read it.
+
+    NOTE: a ring indexed by step, two list stores a step, where a dict would hash, insert, delete
+    and now and then rebuild.
+    """
 
     __slots__ = ("size", "steps", "times")
 
@@ -57,7 +51,14 @@ class StepTimes:
 
 
 class AnswerPacer:
-    """Answer streams that can sit out a step and stay within ``pace_s`` (module docstring)."""
+    """Answer streams that can sit out a step and stay within ``pace_s``
+    (``scheduler.answer_pace_ms``; 0, the default, turns pacing off; ADR-0013).
+
+    A stream that sat out this step would get its next token at the end of the next one (now + 2
+    mean steps); if that is still within the pace of its last token, it is skipped, leaving the
+    step to others. The mean step moves ``STEP_TIME_WEIGHT`` of the way to each new
+    plan-to-plan interval.
+    """
 
     __slots__ = ("mean_step_s", "pace_s")
 
