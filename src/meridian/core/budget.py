@@ -1,24 +1,13 @@
 """The think-budget policy: when to force ``</think>``.
 
-:meth:`BudgetPolicy.decide` is called with a think-phase request's token count and its
-:class:`~meridian.core.signals.EntropyProbe`; it returns a :class:`ForceDecision` (force now, and
-why) or ``None`` (keep thinking). The rules, in order — the first that applies wins:
+:meth:`BudgetPolicy.decide` takes a think-phase request's token count and its
+:class:`~meridian.core.signals.EntropyProbe` and returns a :class:`ForceDecision` (force now,
+why, and the numbers behind it) or ``None`` (keep thinking), by the rules of docs/architecture.md
+("Budget forcing"), first that applies, in the order of its code. :meth:`BudgetPolicy.static` is
+vLLM's ``thinking_token_budget`` baseline: a hard cap only.
 
-1. ``RequestBudget.forcing`` is false -> ``None``: never force, not even the hard cap.
-2. ``num_think_tokens >= max_think_tokens`` -> ``HARD_CAP``. ``max_think_tokens`` is the
-   request's override when it sets one (it *replaces* ``scheduler.max_think_tokens``, smaller or
-   larger), else the config's. An override below ``min_think_tokens`` fires below the floor: the
-   floor only holds back the entropy signals, never an explicit cap.
-3. ``num_think_tokens < min_think_tokens`` -> ``None``: the floor.
-4. ``entropy.enabled`` is false, or no probe -> ``None``: only the hard cap forces.
-5. The probe's EAT stop rule fired (and the request's ``signals`` include EAT) -> ``CONVERGED``.
-6. The probe's RPDI exceeds its threshold (and ``signals`` include RPDI) -> ``OVERTHINKING``.
-7. Otherwise ``None``.
-
-When EAT and RPDI both fire, ``CONVERGED`` wins: a converged chain is done whatever its
-transition density. Every decision carries a human-readable ``detail`` with the numbers behind it.
-
-:meth:`BudgetPolicy.static` is vLLM's ``thinking_token_budget`` baseline: a hard cap only.
+NOTE: a request's ``max_think_tokens`` *replaces* the config's, smaller or larger; one below
+``min_think_tokens`` fires below the floor, which only holds back the entropy signals.
 """
 
 from __future__ import annotations
