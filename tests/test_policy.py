@@ -139,7 +139,7 @@ def test_a_readmitted_think_request_is_guarded_for_one_plan() -> None:
     assert policy.stats.num_preemptions[Phase.THINK] == 1
     # t3 re-entered the running set during step 5; the plan of step 6 sees it.
     assert ids(policy.plan([t1, t2, t3], step=6, num_free_blocks=10).order)[-1] == "t2"
-    assert policy.state("t3").readmitted_step == 5
+    assert policy.tracker.state("t3").readmitted_step == 5
     later = policy.plan([t1, t2, t3], step=5 + READMIT_GUARD_STEPS, num_free_blocks=10)
     assert ids(later.order)[-1] == "t3", "the guard expired"
 
@@ -295,7 +295,7 @@ def test_answer_gaps_and_inferred_caps() -> None:
         r.emit(policy, token, step)
     stats = policy.stats
     assert stats.max_answer_gap_steps == 4 and stats.num_answer_gaps_over_2 == 1
-    assert stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert stats.num_forced_inferred == 1
     assert stats.think_tokens_total == 2 and stats.num_think_exits == 1
     policy.untrack("r")
     assert policy.num_tracked == 0
@@ -307,12 +307,12 @@ def test_inferred_caps_count_the_transition_phrase_and_forcing_off_never_counts(
     r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
     for step, token in enumerate([7, 7, 20, 21, END, 9], start=1):
         r.emit(policy, token, step)
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
     assert policy.stats.think_tokens_total == 4
     off = admitted(policy, "off", THINK_PROMPT, budget=RequestBudget(forcing=False))
     for step, token in enumerate([7, 7, 20, 21, END], start=10):
         off.emit(policy, token, step)
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
 
 
 @settings(max_examples=80, deadline=None)
@@ -335,7 +335,7 @@ def test_the_forcer_and_the_policy_agree_on_a_prompt_whose_reasoning_started(
     forcer.add("r", prompt=prompt, output=output, budget=budget)
     policy = make_policy(transition_len=transition_len)
     r = admitted(policy, "r", prompt, budget=budget)
-    assert policy.state("r").num_prompt_think_tokens == prompt_think
+    assert policy.tracker.state("r").num_prompt_think_tokens == prompt_think
     for step in range(1, 20):
         forcer.sync("r")
         token = forcer.forced_token("r")
@@ -346,7 +346,7 @@ def test_the_forcer_and_the_policy_agree_on_a_prompt_whose_reasoning_started(
             break
     assert output.index(END) == max(0, cap - prompt_think) + transition_len
     assert forcer.num_forced[ForceReason.HARD_CAP] == 1
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
     # The generated think tokens, not the prompt's, are the think phase's length.
     assert policy.stats.think_tokens_total == output.index(END)
 
@@ -357,7 +357,7 @@ def test_tokens_of_an_untracked_request_are_named_after_the_batch() -> None:
     with pytest.raises(UntrackedRequestsError, match="ghost") as info:
         policy.observe(["ghost", "r", "spook"], [[9], [9], [9]], 1)
     assert isinstance(info.value, KeyError) and info.value.request_ids == ["ghost", "spook"]
-    assert policy.state("r").num_output_tokens == 1  # the step was accounted all the same
+    assert policy.tracker.state("r").num_output_tokens == 1  # the step was accounted all the same
     assert policy.tokens_by_phase("r", 1) == (0, 1)
 
 
@@ -369,11 +369,11 @@ def test_the_table_of_tracked_requests() -> None:
     with pytest.raises(ValueError, match="'r' is already tracked; untrack it first"):
         policy.track("r", PLAIN_PROMPT)
     assert policy.phase("r") is Phase.THINK, "the failed track changed nothing"
-    assert policy.num_tracked == 1 and list(policy.tracked_ids) == ["r"]
+    assert policy.num_tracked == 1 and list(policy.tracker.states) == ["r"]
     policy.untrack("never")
     policy.untrack_many([("never", None), ("nor", 5)])
     assert policy.num_tracked == 1
-    for read in (policy.phase, policy.state, policy.on_preempt):
+    for read in (policy.phase, policy.on_preempt):
         with pytest.raises(KeyError, match="x"):
             read("x")
     assert policy.tokens_by_phase("x", 3) is None
@@ -384,7 +384,7 @@ def test_the_table_of_tracked_requests() -> None:
         policy.phase("r")
     policy.track("r", PLAIN_PROMPT)  # the id can be reused after untrack: a new request
     assert policy.phase("r") is Phase.PREFILL
-    assert policy.state("r").num_generated_tokens == 0
+    assert policy.tracker.state("r").num_generated_tokens == 0
     policy.check_integrity()
 
 
@@ -393,7 +393,7 @@ def test_check_integrity_names_the_request_whose_state_is_broken() -> None:
     r = admitted(policy, "r", THINK_PROMPT)
     r.emit(policy, 7, 1)
     policy.check_integrity()
-    policy.state("r").num_think_tokens += 1
+    policy.tracker.state("r").num_think_tokens += 1
     with pytest.raises(AssertionError, match="request 'r': think \\+ output"):
         policy.check_integrity()
 
@@ -486,7 +486,7 @@ def test_a_request_that_finishes_inside_its_forced_phrase_counts_as_forced() -> 
         for step, token in enumerate(tokens, start=1):
             r.emit(policy, token, step)
     policy.untrack_many([(rid, None) for rid in ("cut", "at cap", "early", "none")])
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
     forces = ("force cut short", ForceBudget.__name__)
     heard = [(name, rid) for name, rid in listener.log if name in forces]
     assert heard == [(ForceBudget.__name__, "cut"), ("force cut short", "cut")]
@@ -505,7 +505,7 @@ def test_a_listener_without_phase_events_hears_the_rest() -> None:
     policy.untrack("r")
     assert listener.log == [("reasoning", "r"), ("first answer", "r"), ("finish", "r")]
     assert listener.think_ends == [(2, True)]
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
 
 
 def test_requests_finishing_together_leave_in_one_batch_even_if_a_length_fails() -> None:
@@ -657,7 +657,7 @@ def test_a_steady_batch_counts_its_thinking_rows_in_bulk() -> None:
         policy.observe(list(rids), tokens, step)
         if step == 20:
             assert policy.tokens_by_phase("t1", 20) == (20, 0)
-            assert policy.state("t2").num_think_tokens == 20
+            assert policy.tracker.state("t2").num_think_tokens == 20
     assert policy.tokens_by_phase("t0", 40) == (29, 10)
     assert policy.tokens_by_phase("t3", 40) == (40, 0)
     assert listener.think_ends == [(29, False)]
@@ -718,17 +718,23 @@ def test_a_budget_no_batch_can_meet_defers_nothing() -> None:
 
 
 def test_a_new_output_budget_replans_the_next_step() -> None:
-    policy = make_policy(output_budget=None)
+    """The plan is reused while nothing changes; the step after the measured budget changes is
+    planned anew, and thinking requests beyond the new limit sit it out."""
+    clock = Clock()
+    policy = make_policy(output_budget="auto", clock=clock)
     reqs = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(6)]
-    assert not policy.plan(reqs, 1, 100).skip
-    plan = policy.plan(reqs, 2, 100)
-    assert plan.order is reqs and not plan.skip  # nothing changed: the order is reused
-    assert policy.output_budget is None
-    policy.set_output_budget(1)  # think limit: floor(2.5 * 1) = 2 of 6 thinking requests
-    assert policy.output_budget == 1
-    plan = policy.plan(reqs, 3, 100)
-    assert plan.order is not reqs and len(plan.skip) == 4
-    assert policy.stats.num_deferred == 4
+    step, plan = 0, None
+    while policy.output_budget is None:
+        assert step < 32 + 2 * BUDGET_REFIT_STEPS, "the budget never changed"
+        step += 1
+        plan = policy.plan(reqs, step, 100)
+        if policy.output_budget is None:
+            assert not plan.skip and (step == 1 or plan.order is reqs)  # reused
+        # Decode-only steps of 6 rows taking 60 ms against a 20 ms budget.
+        policy.on_step(num_rows=6, num_tokens=6)
+        clock.now += 0.060
+    assert plan is not None and plan.order is not reqs and plan.skip
+    assert policy.stats.num_deferred == len(plan.skip)
 
 
 def test_a_plan_never_keeps_the_engines_running_list_alive() -> None:

@@ -24,7 +24,7 @@ from meridian.core.budget import RequestBudget
 from meridian.core.format import ReasoningFormat
 from meridian.core.policy import MeridianPolicy, UntrackedRequestsError
 from meridian.core.state import RequestState, advance, start
-from meridian.core.types import EnterThink, ExitThink, ForceReason, Phase, PhaseEvent
+from meridian.core.types import EnterThink, ExitThink, Phase, PhaseEvent
 
 START, END = 3, 4
 PLAIN = [10, 11, 12]
@@ -218,7 +218,7 @@ class Reference:
 
 def check(policy: MeridianPolicy, ref: Reference, listener: Listener) -> None:
     """Everything the policy says agrees with the reference."""
-    assert sorted(policy.tracked_ids) == sorted(ref.requests)
+    assert sorted(policy.tracker.states) == sorted(ref.requests)
     for rid, r in ref.requests.items():
         want = r.state
         assert policy.phase(rid) is want.phase, rid
@@ -226,7 +226,7 @@ def check(policy: MeridianPolicy, ref: Reference, listener: Listener) -> None:
             want.num_think_tokens,
             want.num_output_tokens,
         ), rid
-        got = policy.state(rid)
+        got = policy.tracker.state(rid)
         assert (
             got.phase,
             got.num_think_tokens,
@@ -244,7 +244,7 @@ def check(policy: MeridianPolicy, ref: Reference, listener: Listener) -> None:
     assert (
         stats.num_think_exits,
         stats.think_tokens_total,
-        stats.num_forced_inferred[ForceReason.HARD_CAP],
+        stats.num_forced_inferred,
         stats.max_answer_gap_steps,
         stats.num_answer_gaps_over_2,
     ) == (

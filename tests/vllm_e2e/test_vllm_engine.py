@@ -211,7 +211,7 @@ def test_forcing_at_the_budget(engine: Any, chat_prompt: Prompt, end_id: int) ->
         processor = meridian_processor_of(llm)
         scheduler = scheduler_of(llm)
         num_hard_cap = processor.forcer.num_forced[ForceReason.HARD_CAP]
-        inferred = scheduler.meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        inferred = scheduler.meridian_stats.num_forced_inferred
         processor.forcer.check_integrity()
         # Finished requests leave the persistent batch at the next step: one more request
         # flushes the previous batch, and only that request remains tracked (vLLM dropped the
@@ -260,7 +260,7 @@ def test_transition_phrase_before_the_forced_marker(
             llm.generate([chat_prompt(i % 3) for i in range(len(caps))], params, use_tqdm=False)
         )
         forced = meridian_processor_of(llm).forcer.num_forced[ForceReason.HARD_CAP]
-        inferred = scheduler_of(llm).meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        inferred = scheduler_of(llm).meridian_stats.num_forced_inferred
     k = len(phrase_ids)
     for cap, out in zip(caps[:3], outs, strict=False):
         if end_id in out[:cap]:
@@ -310,7 +310,7 @@ def test_a_clients_own_ban_of_the_end_marker_wins_over_the_budget(
         processor = meridian_processor_of(llm)
         scheduler = scheduler_of(llm)
         forced = processor.forcer.num_forced[ForceReason.HARD_CAP]
-        inferred = scheduler.meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        inferred = scheduler.meridian_stats.num_forced_inferred
         num_restricted = getattr(processor.core, "num_restricted", None)
         assert scheduler.meridian_policy_errors == 0
     assert all(end_id not in out for out in restricted), restricted

@@ -102,6 +102,13 @@ class Admission:
         self._bounded = False
         self._projected = False
 
+    def wait_start(self, tracked_at: float | None, clock: Callable[[], float]) -> float:
+        """When a new request's wait for admission starts (``tracked_at``; ``None``: now): 0.0
+        when admission goes in the engine's order, which never reads the wait (no clock read)."""
+        if self.reasoning_first is None:
+            return 0.0
+        return clock() if tracked_at is None else tracked_at
+
     def finished(self, st: RequestState, num_output_tokens: int) -> None:
         """A request ran to its end after ``num_output_tokens``: its lengths teach the model."""
         think = st.num_think_tokens if reasoned(st) else None

@@ -139,10 +139,6 @@ class Planner:
             self._kept.order = ()
         self.output_budget.scheduled(num_rows, num_tokens)
 
-    def budget_changed(self) -> None:
-        """The output budget changed: the next step is planned anew."""
-        self._dirty = True
-
     def preempted(self, request_id: str) -> None:
         """A running request was preempted (it leaves the running set)."""
         self.queues.remove(request_id)

@@ -34,8 +34,8 @@ with it, docs/vllm.md).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, KeysView, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Literal, Self
 
 from meridian.config.schema import SchedulerConfig
 from meridian.core.admission import ADMISSION_CANDIDATES, Admission
@@ -71,6 +71,10 @@ __all__ = [
     "output_budget_setting",
 ]
 
+#: ``scheduler.output_budget_rows`` as the policy takes it: rows, ``None`` (the whole batch) or
+#: ``"auto"`` (measured).
+OutputBudgetSetting = int | Literal["auto"] | None
+
 
 class TrackingPolicy:
     """What every policy over an engine does: track requests, account their tokens, count
@@ -103,7 +107,7 @@ class TrackingPolicy:
         *,
         block_size: int,
         capacity: int,
-        output_budget: int | Literal["auto"] | None = None,
+        output_budget: OutputBudgetSetting = None,
         clock: Callable[[], float] = time.monotonic,
         transition_len: int = 0,
         listener: PolicyListener | None = None,
@@ -135,10 +139,44 @@ class TrackingPolicy:
         self.listener = listener
         self._build(config, output_budget, admission, max_step_tokens)
 
+    @classmethod
+    def from_config(
+        cls,
+        fmt: ReasoningFormat,
+        config: SchedulerConfig,
+        *,
+        block_size: int,
+        capacity: int,
+        clock: Callable[[], float],
+        max_step_tokens: int | None,
+        transition_len: int = 0,
+        listener: PolicyListener | None = None,
+        output_budget: OutputBudgetSetting | Literal["config"] = "config",
+    ) -> Self:
+        """The policy as a driver builds it: ``config`` (``scheduler``) and the engine's shape
+        (KV block size, running-request cap, tokens per step, clock). ``output_budget``
+        overrides ``config.output_budget_rows`` (vLLM's ``$MERIDIAN_OUTPUT_BUDGET_ROWS``)."""
+        return cls(
+            fmt,
+            config,
+            block_size=block_size,
+            capacity=capacity,
+            output_budget=(
+                output_budget_setting(config.output_budget_rows)
+                if output_budget == "config"
+                else output_budget
+            ),
+            clock=clock,
+            transition_len=transition_len,
+            listener=listener,
+            admission=config.admission,
+            max_step_tokens=max_step_tokens,
+        )
+
     def _build(
         self,
         config: SchedulerConfig,
-        output_budget: int | Literal["auto"] | None,
+        output_budget: OutputBudgetSetting,
         admission: Literal["headroom", "vllm"],
         max_step_tokens: int | None,
     ) -> None:
@@ -155,11 +193,6 @@ class TrackingPolicy:
     def num_tracked(self) -> int:
         """Requests tracked (added and not yet untracked)."""
         return len(self.tracker.states)
-
-    @property
-    def tracked_ids(self) -> KeysView[str]:
-        """The ids of the requests tracked (a live view)."""
-        return self.tracker.states.keys()
 
     def track(
         self,
@@ -215,10 +248,6 @@ class TrackingPolicy:
     def phase(self, request_id: str) -> Phase:
         """The tracked phase of a live request."""
         return self.tracker.states[request_id].phase
-
-    def state(self, request_id: str) -> RequestState:
-        """The live state of a tracked request (read-only for callers)."""
-        return self.tracker.state(request_id)
 
     # -- what happens ---------------------------------------------------------------------
 
@@ -296,7 +325,7 @@ class MeridianPolicy(TrackingPolicy):
     def _build(
         self,
         config: SchedulerConfig,
-        output_budget: int | Literal["auto"] | None,
+        output_budget: OutputBudgetSetting,
         admission: Literal["headroom", "vllm"],
         max_step_tokens: int | None,
     ) -> None:
@@ -319,8 +348,6 @@ class MeridianPolicy(TrackingPolicy):
             last_answer_step=tracker.last_answer_step,
             token_time=tracker.times.at,
         )
-        # The planner hears each phase change itself (one call less per change).
-        tracker.on_phase_change = self.planner.phase_changed
         self.admission = Admission(
             config,
             tracker.states,
@@ -335,11 +362,6 @@ class MeridianPolicy(TrackingPolicy):
         # while reasoning runs long). With one phase there is nothing to arbitrate: the engine's
         # order, preemption and admission stand, as TrackingPolicy's; tracking and counting go on.
         self.stands_aside = not self.format.has_boundaries
-        if not self.stands_aside:
-            # What ``plan`` and ``on_step`` call, bound here: a method handing the call on would
-            # add a Python call to every step (as ``observe``).
-            self.plan = self.planner.plan  # type: ignore[method-assign]
-            self.on_step = self.planner.scheduled  # type: ignore[method-assign]
 
     def _history(self, config: SchedulerConfig) -> int:
         return PACE_HISTORY_STEPS if config.answer_pace_ms else 0
@@ -374,15 +396,11 @@ class MeridianPolicy(TrackingPolicy):
         """The output budget in force, in rows (``None``: the whole batch)."""
         return self.budget.rows
 
-    def set_output_budget(self, rows: int | None) -> None:
-        """Change the output budget (rows; ``None``: the whole batch); the next step re-plans."""
-        if self.budget.set(rows):
-            self.planner.budget_changed()
-
     def _tracked_at(self, tracked_at: float | None) -> float:
-        if self.admission.reasoning_first is None:
-            return 0.0  # admission in the engine's order: the wait is never read
-        return super()._tracked_at(tracked_at)
+        return self.admission.wait_start(tracked_at, self.clock)
+
+    def _phase_changed(self, st: RequestState) -> None:
+        self.planner.phase_changed(st)
 
     def _untracked(self, gone: list[tuple[RequestState, int | None]]) -> None:
         self.planner.forget([st.request_id for st, _ in gone])
@@ -399,8 +417,7 @@ class MeridianPolicy(TrackingPolicy):
     def on_step(self, num_rows: int, num_tokens: int) -> None:
         """A decode-only step (one token per row) is timed until the next ``plan``: its duration
         is what an answer stream waits between tokens, a sample of the output-budget fit
-        (standing aside, no plan applies the budget: nothing is timed). (Unless standing aside,
-        ``_build`` binds the planner's method in its place.)"""
+        (standing aside, no plan applies the budget: nothing is timed)."""
         if not self.stands_aside:
             self.planner.scheduled(num_rows, num_tokens)
 
@@ -412,8 +429,7 @@ class MeridianPolicy(TrackingPolicy):
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         """The plan of the coming step over ``running`` (:mod:`meridian.core.planner`);
-        ``num_free_blocks`` is the engine's free KV block count. Standing aside: the engine's.
-        (Unless standing aside, ``_build`` binds the planner's method in its place.)"""
+        ``num_free_blocks`` is the engine's free KV block count. Standing aside: the engine's."""
         if self.stands_aside:
             return super().plan(running, step, num_free_blocks)
         return self.planner.plan(running, step, num_free_blocks)

@@ -403,7 +403,7 @@ class Tracker:
             == max(cap, st.num_prompt_think_tokens) + self.transition_len
         )
         if forced:
-            stats.num_forced_inferred[HARD_CAP] += 1
+            stats.num_forced_inferred += 1
         listener = self.listener
         if listener is not None:
             if forced and listener.phase_events:
@@ -429,7 +429,7 @@ class Tracker:
     def _on_force_cut_short(self, st: RequestState) -> None:
         """A request finished inside its hard-cap force (:meth:`_inside_force`): counted as the
         force it was, since no think exit will count it."""
-        self.stats.num_forced_inferred[HARD_CAP] += 1
+        self.stats.num_forced_inferred += 1
         listener = self.listener
         if listener is not None:
             if listener.phase_events:
