@@ -35,6 +35,7 @@ START, END = 3, 4
 MODEL = ReasoningFormat(think_start=(START,), think_end=(END,))
 THINK_PROMPT = [10, 11, START]
 PLAIN_PROMPT = [10, 11, 12]
+CHAT_PROMPT = [10, START, END]  # thinking disabled in the prompt: OUTPUT from the start
 
 
 @dataclass
@@ -841,7 +842,8 @@ def test_waiting_order_puts_preempted_requests_first_then_the_preferred_kind() -
 
     def queue(policy: MeridianPolicy) -> list[FakeRequest]:
         # Arrival order: chat, reasoning, chat, a preempted reasoning request, reasoning.
-        prompts = [PLAIN_PROMPT, THINK_PROMPT, PLAIN_PROMPT, THINK_PROMPT, THINK_PROMPT]
+        # (A plain prompt starts in PREFILL, reasoning: test_kind.py; chat closes the block.)
+        prompts = [CHAT_PROMPT, THINK_PROMPT, CHAT_PROMPT, THINK_PROMPT, THINK_PROMPT]
         waiting = [FakeRequest(f"{i}", p) for i, p in enumerate(prompts)]
         for r in waiting:
             policy.track(r.request_id, r.prompt)
@@ -866,12 +868,12 @@ def test_waiting_order_puts_preempted_requests_first_then_the_preferred_kind() -
     clock = Clock()
     config = SchedulerConfig(admission_order="chat-first", admission_order_max_wait_s=30.0)
     policy = MeridianPolicy(MODEL, config, block_size=4, capacity=64, clock=clock)
-    old = [FakeRequest("old-r", THINK_PROMPT), FakeRequest("old-c", PLAIN_PROMPT)]
+    old = [FakeRequest("old-r", THINK_PROMPT), FakeRequest("old-c", CHAT_PROMPT)]
     for r in old:
         policy.track(r.request_id, r.prompt)
     clock.now = 29.0
-    new = [FakeRequest("new-c", PLAIN_PROMPT)]
-    policy.track("new-c", PLAIN_PROMPT)
+    new = [FakeRequest("new-c", CHAT_PROMPT)]
+    policy.track("new-c", CHAT_PROMPT)
     assert ids(policy.waiting_order([*old, *new])) == ["old-c", "new-c", "old-r"]
     clock.now = 30.0
     assert ids(policy.waiting_order([*new, *old])) == ["old-r", "old-c", "new-c"]

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 
 from meridian.config.schema import SchedulerConfig
+from meridian.core.format import expects_reasoning
 from meridian.core.headroom import (
     MIN_REQUESTS_IN_CACHE,
     IntArray,
@@ -34,7 +35,6 @@ from meridian.core.headroom import (
 )
 from meridian.core.interface import EngineRequest, PolicyStats, R
 from meridian.core.state import RequestState, reasoned
-from meridian.core.types import Phase
 
 __all__ = ["ADMISSION_CANDIDATES", "Admission"]
 
@@ -123,7 +123,7 @@ class Admission:
         reasoning_first = self.reasoning_first
         if reasoning_first is None or len(waiting) < 2:
             return None
-        states, think = self.states, Phase.THINK
+        states = self.states
         starved = now - self.max_wait_s
         ranks = []
         for request in waiting:
@@ -131,7 +131,7 @@ class Admission:
             if st is None or st.preempted or st.tracked_at <= starved:
                 ranks.append(0)
             else:
-                ranks.append(1 if (st.phase is think) is reasoning_first else 2)
+                ranks.append(1 if expects_reasoning(st.phase) is reasoning_first else 2)
         if all(a <= b for a, b in itertools.pairwise(ranks)):
             return None
         order = sorted(range(len(waiting)), key=ranks.__getitem__)
@@ -185,7 +185,7 @@ class Admission:
         kinds: list[int] = []
         progress: list[int] = []
         tokens: list[int] = []
-        states, output = self.states, Phase.OUTPUT
+        states = self.states
         for request in requests:
             num_tokens = request.num_tokens
             tokens.append(num_tokens)
@@ -194,7 +194,7 @@ class Admission:
                 kinds.append(Kind.THINKING)
                 progress.append(0)
                 continue
-            if st.phase is not output:
+            if expects_reasoning(st.phase):
                 kinds.append(Kind.THINKING)
                 progress.append(st.num_think_tokens)
             else:

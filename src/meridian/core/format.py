@@ -23,6 +23,9 @@ phase a request starts in (:meth:`ReasoningFormat.initial_phase`, first rule tha
    reasoning parser reads the output as reasoning until ``think_end``, as ``qwen3``'s does);
 7. otherwise PREFILL: the first generated tokens decide (:mod:`meridian.core.state`).
 
+A request's *kind* before it answers follows from that phase, in one place
+(:func:`expects_reasoning`): THINK and PREFILL are reasoning, OUTPUT is chat.
+
 Matching: a marker is a token-id *sequence* (one id for ``<think>``-style special tokens, several
 for Granite's prose markers). It is matched across token boundaries and across steps by a KMP
 automaton compiled once per distinct marker (cached): the per-request state is one int, and each
@@ -45,6 +48,18 @@ __all__ = ["MULTI", "Marker", "ReasoningFormat"]
 
 # ``Marker.single`` when the marker has several tokens (token ids are never negative).
 MULTI: Final = -1
+
+
+def expects_reasoning(phase: Phase) -> bool:
+    """Whether a request in ``phase``, before it answers, counts as reasoning: THINK, and PREFILL
+    (undecided: the model may open a think block itself, as every ``gpt_oss`` and ``granite_3_2``
+    request can); a request in OUTPUT from its start is chat. Ordering, admission and routing all
+    read a request's kind here.
+
+    >>> expects_reasoning(Phase.PREFILL), expects_reasoning(Phase.OUTPUT)
+    (True, False)
+    """
+    return phase is not Phase.OUTPUT
 
 
 @dataclass(frozen=True, slots=True)

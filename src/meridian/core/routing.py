@@ -42,8 +42,8 @@ so without this it would draw the traffic. When every replica has failed, a requ
 when none fits.
 
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
-(:meth:`~meridian.core.format.ReasoningFormat.initial_phase`): ``Phase.OUTPUT`` is a chat request,
-``THINK`` and ``PREFILL`` (the model may open a think block itself) are reasoning.
+(:func:`~meridian.core.format.expects_reasoning`, over
+:meth:`~meridian.core.format.ReasoningFormat.initial_phase`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from meridian.core.format import expects_reasoning
 from meridian.core.types import Phase
 from meridian.errors import ConfigError, MeridianError
 
@@ -98,7 +99,7 @@ class NewRequest:
     @property
     def reasoning(self) -> bool:
         """Whether it is expected to think (it does not start answering)."""
-        return self.phase is not Phase.OUTPUT
+        return expects_reasoning(self.phase)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
