@@ -112,7 +112,7 @@ class Admission:
     def finished(self, st: RequestState, num_output_tokens: int) -> None:
         """A request ran to its end after ``num_output_tokens``: its lengths teach the model."""
         think = st.num_think_tokens if reasoned(st) else None
-        rest = max(0, num_output_tokens - st.num_think_tokens)
+        rest = max(0, st.num_after_think(num_output_tokens))
         self.lengths.finished(think, rest, st.num_prompt_tokens)
 
     def waiting_order(self, waiting: Sequence[R], now: float) -> list[R] | None:
@@ -199,5 +199,5 @@ class Admission:
                 progress.append(st.num_think_tokens)
             else:
                 kinds.append(Kind.ANSWERING if reasoned(st) else Kind.CHAT)
-                progress.append(num_tokens - st.num_prompt_tokens - st.num_think_tokens)
+                progress.append(st.num_after_think(num_tokens - st.num_prompt_tokens))
         return kinds, progress, tokens

@@ -24,7 +24,8 @@ engine steps shaped to take each way). Length: the three ways are one observe pa
 state; they are kept together so that the fast ways cannot drift from the general one.
 
 Answer tokens are not fed to :func:`~meridian.core.state.advance`: a phase never changes once a
-request answers; their counts are the engine's (:meth:`Tracker.tokens_by_phase`).
+request answers; their count is the engine's, read through
+:meth:`RequestState.num_answer_tokens <meridian.core.state.RequestState.num_answer_tokens>`.
 """
 
 from __future__ import annotations
@@ -199,9 +200,7 @@ class Tracker:
         st = self.states.get(request_id)
         if st is None:
             return None
-        pending = st.marker_progress if st.phase is PREFILL else 0
-        think = st.num_think_tokens
-        return think, max(0, num_output_tokens - think - st.num_marker_tokens - pending)
+        return st.num_think_tokens, st.num_answer_tokens(num_output_tokens)
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first request whose state is inconsistent."""
