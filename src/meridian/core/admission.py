@@ -34,6 +34,7 @@ from meridian.core.headroom import (
     bounds_usable,
 )
 from meridian.core.interface import EngineRequest, PolicyStats, R
+from meridian.core.routing import Projection
 from meridian.core.state import RequestState, reasoned
 
 __all__ = ["ADMISSION_CANDIDATES", "Admission"]
@@ -152,7 +153,7 @@ class Admission:
         if self._projected:
             blocks = lengths.expected_blocks(*self.progress([*running, *waiting]), bs)
             grown, candidates = blocks[: len(running)], blocks[len(running) :]
-            count = admissible(grown, candidates, num_blocks * (1.0 - self.reserve))
+            count = admissible(grown, candidates, self.peak_limit(num_blocks))
         else:
             run, wait = _bounds(running), _bounds(waiting)
             mean_bound = float(run[1].sum() + wait[1].sum()) / (len(running) + len(waiting))
@@ -165,6 +166,29 @@ class Admission:
         if count < len(waiting):
             self.stats.num_admissions_held += 1
         return count
+
+    def peak_limit(self, num_blocks: int) -> float:
+        """The blocks admission keeps the projected peak within, in a cache of ``num_blocks``:
+        the cache less the reserve."""
+        return num_blocks * (1.0 - self.reserve)
+
+    def projection(self, requests: Sequence[EngineRequest], num_blocks: int) -> Projection | None:
+        """The projection admission goes by for ``requests`` (running and waiting) in a cache of
+        ``num_blocks``, as a router reads it (``None`` where admission would not project): their
+        expected load, the peak limit, and how long a request just admitted, of each kind, is
+        expected to run."""
+        if self.mode != "headroom" or not self.projects(num_blocks):
+            return None
+        lengths = self.lengths
+        load = lengths.expected_blocks(*self.progress(requests), self.block_size).sum(axis=0)
+        fresh = lengths.survival([Kind.THINKING, Kind.CHAT], [0, 0])
+        return Projection(
+            grid=lengths.grid.copy(),
+            load=np.asarray(load, dtype=np.float64),
+            budget=self.peak_limit(num_blocks),
+            survival_reasoning=fresh[0],
+            survival_chat=fresh[1],
+        )
 
     def projects(self, num_blocks: int) -> bool:
         """Whether admission goes by the projection in a cache of ``num_blocks``: once enough

@@ -57,6 +57,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meridian.core.format import expects_reasoning
+from meridian.core.headroom import kv_blocks
 from meridian.core.types import Phase
 from meridian.errors import ConfigError, MeridianError
 
@@ -128,7 +129,7 @@ class Projection:
         if request.max_tokens is not None:
             survival = np.where(self.grid <= request.max_tokens, survival, 0.0)
             generated = np.minimum(generated, float(request.max_tokens))
-        blocks: FloatArray = ((request.num_prompt_tokens + generated) / block_size + 0.5) * survival
+        blocks: FloatArray = kv_blocks(request.num_prompt_tokens + generated, block_size) * survival
         return blocks
 
     def aged(self, steps: float) -> FloatArray:
