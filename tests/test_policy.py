@@ -291,7 +291,7 @@ def test_without_reasoning_the_engine_order_and_admission_stand() -> None:
 
 def test_answer_gaps_and_inferred_caps() -> None:
     policy = make_policy()
-    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    r = admitted(policy, "r", THINK_PROMPT, request_budget=RequestBudget(max_think_tokens=2))
     for step, token in [(1, 7), (2, 7), (3, END), (4, 9), (5, 9), (9, 9)]:
         r.emit(policy, token, step)
     stats = policy.stats
@@ -305,12 +305,12 @@ def test_answer_gaps_and_inferred_caps() -> None:
 
 def test_inferred_caps_count_the_transition_phrase_and_forcing_off_never_counts() -> None:
     policy = make_policy(transition_len=2)
-    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    r = admitted(policy, "r", THINK_PROMPT, request_budget=RequestBudget(max_think_tokens=2))
     for step, token in enumerate([7, 7, 20, 21, END, 9], start=1):
         r.emit(policy, token, step)
     assert policy.stats.num_forced_inferred == 1
     assert policy.stats.think_tokens_total == 4
-    off = admitted(policy, "off", THINK_PROMPT, budget=RequestBudget(forcing=False))
+    off = admitted(policy, "off", THINK_PROMPT, request_budget=RequestBudget(forcing=False))
     for step, token in enumerate([7, 7, 20, 21, END], start=10):
         off.emit(policy, token, step)
     assert policy.stats.num_forced_inferred == 1
@@ -335,7 +335,7 @@ def test_the_forcer_and_the_policy_agree_on_a_prompt_whose_reasoning_started(
     output: list[int] = []
     forcer.add("r", prompt=prompt, output=output, budget=budget)
     policy = make_policy(transition_len=transition_len)
-    r = admitted(policy, "r", prompt, budget=budget)
+    r = admitted(policy, "r", prompt, request_budget=budget)
     assert policy.tracker.state("r").num_prompt_think_tokens == prompt_think
     for step in range(1, 20):
         forcer.sync("r")
@@ -457,7 +457,7 @@ def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> Non
     ]
     assert listener.preemptions == [(Phase.OUTPUT, 3)]
     assert listener.think_ends == [(1, False)]
-    capped = admitted(policy, "c", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    capped = admitted(policy, "c", THINK_PROMPT, request_budget=RequestBudget(max_think_tokens=2))
     for step, token in [(4, 7), (5, 7), (6, END)]:
         capped.emit(policy, token, step)
     assert [name for name, rid in listener.log if rid == "c"][-2:] == [
@@ -478,10 +478,10 @@ def test_a_request_that_finishes_inside_its_forced_phrase_counts_as_forced() -> 
     # "cut": 2 think tokens (the cap), then 2 of the 3 forced phrase tokens, then max_tokens.
     # "at cap": stops at the cap. "early": stops before it. "none": no cap (forcing off).
     for rid, tokens, kw in [
-        ("cut", [7, 7, 7, 7], {"budget": budget}),
-        ("at cap", [7, 7], {"budget": budget}),
-        ("early", [7], {"budget": budget}),
-        ("none", [7, 7, 7, 7], {"budget": RequestBudget(forcing=False)}),
+        ("cut", [7, 7, 7, 7], {"request_budget": budget}),
+        ("at cap", [7, 7], {"request_budget": budget}),
+        ("early", [7], {"request_budget": budget}),
+        ("none", [7, 7, 7, 7], {"request_budget": RequestBudget(forcing=False)}),
     ]:
         r = admitted(policy, rid, THINK_PROMPT, **kw)
         for step, token in enumerate(tokens, start=1):
@@ -500,7 +500,7 @@ def test_a_listener_without_phase_events_hears_the_rest() -> None:
     listener = Recording()
     listener.phase_events = False
     policy = make_policy(listener=listener)
-    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    r = admitted(policy, "r", THINK_PROMPT, request_budget=RequestBudget(max_think_tokens=2))
     for step, token in [(1, 7), (2, 7), (3, END), (4, 9)]:
         r.emit(policy, token, step)
     policy.untrack("r")
@@ -517,7 +517,7 @@ def test_requests_finishing_together_leave_in_one_batch_even_if_a_length_fails()
     policy = make_policy(listener=listener)
     running = [admitted(policy, f"r{i}", THINK_PROMPT) for i in range(3)]
     policy.plan(running, 1, 100)
-    assert policy.queues.num_think_queued == 3
+    assert policy.planner.queues.num_think_queued == 3
 
     def failing(st: Any, num_output_tokens: int) -> None:
         raise RuntimeError("length model failed")
@@ -526,7 +526,7 @@ def test_requests_finishing_together_leave_in_one_batch_even_if_a_length_fails()
     with pytest.raises(RuntimeError, match="length model failed"):
         policy.untrack_many([("r0", 5), ("r1", 5), ("never", 5), ("r2", None)])
     assert policy.num_tracked == 0
-    assert policy.queues.num_think_queued == policy.queues.num_output_queued == 0
+    assert policy.planner.queues.num_think_queued == policy.planner.queues.num_output_queued == 0
     assert [entry for entry in listener.log if entry[0] == "finish"] == [
         ("finish", "r0"),
         ("finish", "r1"),
@@ -669,7 +669,7 @@ def test_a_steady_batch_counts_its_thinking_rows_in_bulk() -> None:
 def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
     clock = Clock()
     policy = make_policy(output_budget="auto", clock=clock)
-    assert policy.output_budget is None and policy.step_time is not None
+    assert policy.output_budget.rows is None and policy.output_budget.step_time is not None
     thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(8)]
     step = 0
     # Decode-only steps of 8 rows that take 40 ms against a 20 ms budget (time proportional
@@ -680,7 +680,7 @@ def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
         policy.on_step(num_rows=8, num_tokens=8)
         clock.now += 0.040
     policy.plan(thinks, step + 1, num_free_blocks=100)
-    assert policy.output_budget == 4
+    assert policy.output_budget.rows == 4
     # A prefill step is not a sample, nor is the time spent idle: were either folded in (5 s,
     # 60 s for 8 rows), the proportional fit would cap the budget at 1 row.
     step += 1
@@ -698,7 +698,7 @@ def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
         policy.on_step(num_rows=8, num_tokens=8)
         clock.now += 0.040
     policy.plan(thinks, step + 1, num_free_blocks=100)
-    assert policy.output_budget == 4
+    assert policy.output_budget.rows == 4
 
 
 def test_a_budget_no_batch_can_meet_defers_nothing() -> None:
@@ -714,8 +714,11 @@ def test_a_budget_no_batch_can_meet_defers_nothing() -> None:
         assert not plan.skip
         policy.on_step(num_rows=rows, num_tokens=rows)
         clock.now += 0.025 + 0.0001 * rows
-    assert policy.step_time is not None and policy.step_time.num_samples >= 32
-    assert policy.output_budget is None and policy.stats.num_deferred == 0
+    assert (
+        policy.output_budget.step_time is not None
+        and policy.output_budget.step_time.num_samples >= 32
+    )
+    assert policy.output_budget.rows is None and policy.stats.num_deferred == 0
 
 
 def test_a_new_output_budget_replans_the_next_step() -> None:
@@ -725,11 +728,11 @@ def test_a_new_output_budget_replans_the_next_step() -> None:
     policy = make_policy(output_budget="auto", clock=clock)
     reqs = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(6)]
     step, plan = 0, None
-    while policy.output_budget is None:
+    while policy.output_budget.rows is None:
         assert step < 32 + 2 * BUDGET_REFIT_STEPS, "the budget never changed"
         step += 1
         plan = policy.plan(reqs, step, 100)
-        if policy.output_budget is None:
+        if policy.output_budget.rows is None:
             assert not plan.skip and (step == 1 or plan.order is reqs)  # reused
         # Decode-only steps of 6 rows taking 60 ms against a 20 ms budget.
         policy.on_step(num_rows=6, num_tokens=6)
@@ -772,7 +775,7 @@ def test_output_budget_setting() -> None:
 def test_config_defaults_are_usable() -> None:
     cfg = MeridianConfig()
     policy = MeridianPolicy(MODEL, cfg.scheduler, block_size=16, capacity=8)
-    assert policy.output_budget is None and policy.step_time is None
+    assert policy.output_budget.rows is None and policy.output_budget.step_time is None
     with pytest.raises(ValueError, match="block_size and capacity"):
         MeridianPolicy(MODEL, cfg.scheduler, block_size=0, capacity=8)
 
@@ -825,7 +828,7 @@ def test_plan_properties(ops: list[tuple[int, int]], output_budget: int | None) 
         policy.check_integrity()
     for r in running + waiting:
         policy.untrack(r.request_id)
-    assert policy.num_tracked == 0 and len(policy.queues) == 0
+    assert policy.num_tracked == 0 and len(policy.planner.queues) == 0
 
 
 def _teach(policy: MeridianPolicy, n: int, num_output_tokens: int | None) -> None:

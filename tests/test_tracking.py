@@ -325,7 +325,7 @@ def test_observe_accounts_every_step_as_the_reference_does(
 
     def track(rid: str) -> None:
         script = data.draw(scripts(fmt))
-        policy.track(rid, script.prompt, budget=script.budget)
+        policy.track(rid, script.prompt, request_budget=script.budget)
         ref.track(rid, script, listener.step)
 
     for rid in rids:

@@ -130,7 +130,7 @@ class MeridianScheduler(Scheduler):
             block_size=self.block_size,
             capacity=self.max_num_running_reqs,
             clock=meridian_clock,
-            max_step_tokens=self._step_token_budget(),
+            max_step_tokens=self._max_step_tokens(),
             transition_len=len(self.meridian.transition_ids),
             listener=self._listener,
             output_budget=output_budget_rows(config.scheduler.output_budget_rows),
@@ -173,7 +173,7 @@ class MeridianScheduler(Scheduler):
             self.meridian_reorders,
         )
 
-    def _step_token_budget(self) -> int | None:
+    def _max_step_tokens(self) -> int | None:
         """The tokens one step can schedule, for the policy's lazy order; ``None`` (plan every
         change) where a request can need more than its own new tokens: speculative decoding
         (draft slots, lookahead blocks) and models with several KV cache groups."""
