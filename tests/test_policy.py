@@ -26,6 +26,7 @@ from meridian.core.output_budget import BUDGET_REFIT_STEPS
 from meridian.core.policy import (
     READMIT_GUARD_STEPS,
     MeridianPolicy,
+    RequestState,
     UntrackedRequestsError,
     output_budget_setting,
 )
@@ -59,6 +60,12 @@ class FakeRequest:
     def emit(self, policy: MeridianPolicy, token: int, step: int) -> None:
         """One decode step of this request alone (:func:`emit_step`)."""
         emit_step(policy, step, [(self, token)])
+
+
+def state_of(policy: MeridianPolicy, request_id: str) -> RequestState:
+    """A tracked request's state, its counts brought up to date (as admission reads them)."""
+    policy.tracker.settle()
+    return policy.tracker.states[request_id]
 
 
 def emit_step(policy: MeridianPolicy, step: int, tokens: list[tuple[FakeRequest, int]]) -> None:
@@ -140,7 +147,7 @@ def test_a_readmitted_think_request_is_guarded_for_one_plan() -> None:
     assert policy.stats.num_preemptions[Phase.THINK] == 1
     # t3 re-entered the running set during step 5; the plan of step 6 sees it.
     assert ids(policy.plan([t1, t2, t3], step=6, num_free_blocks=10).order)[-1] == "t2"
-    assert policy.tracker.state("t3").readmitted_step == 5
+    assert state_of(policy, "t3").readmitted_step == 5
     later = policy.plan([t1, t2, t3], step=5 + READMIT_GUARD_STEPS, num_free_blocks=10)
     assert ids(later.order)[-1] == "t3", "the guard expired"
 
@@ -336,7 +343,7 @@ def test_the_forcer_and_the_policy_agree_on_a_prompt_whose_reasoning_started(
     forcer.add("r", prompt=prompt, output=output, budget=budget)
     policy = make_policy(transition_len=transition_len)
     r = admitted(policy, "r", prompt, request_budget=budget)
-    assert policy.tracker.state("r").num_prompt_think_tokens == prompt_think
+    assert state_of(policy, "r").num_prompt_think_tokens == prompt_think
     for step in range(1, 20):
         forcer.sync("r")
         token = forcer.forced_token("r")
@@ -358,7 +365,7 @@ def test_tokens_of_an_untracked_request_are_named_after_the_batch() -> None:
     with pytest.raises(UntrackedRequestsError, match="ghost") as info:
         policy.observe(["ghost", "r", "spook"], [[9], [9], [9]], 1)
     assert isinstance(info.value, KeyError) and info.value.request_ids == ["ghost", "spook"]
-    assert policy.tracker.state("r").num_output_tokens == 1  # the step was accounted all the same
+    assert state_of(policy, "r").num_output_tokens == 1  # the step was accounted all the same
     assert policy.tokens_by_phase("r", 1) == (0, 1)
 
 
@@ -385,7 +392,7 @@ def test_the_table_of_tracked_requests() -> None:
         policy.phase("r")
     policy.track("r", PLAIN_PROMPT)  # the id can be reused after untrack: a new request
     assert policy.phase("r") is Phase.PREFILL
-    assert policy.tracker.state("r").num_generated_tokens == 0
+    assert state_of(policy, "r").num_generated_tokens == 0
     policy.check_integrity()
 
 
@@ -394,7 +401,7 @@ def test_check_integrity_names_the_request_whose_state_is_broken() -> None:
     r = admitted(policy, "r", THINK_PROMPT)
     r.emit(policy, 7, 1)
     policy.check_integrity()
-    policy.tracker.state("r").num_think_tokens += 1
+    state_of(policy, "r").num_think_tokens += 1
     with pytest.raises(AssertionError, match="request 'r': think \\+ output"):
         policy.check_integrity()
 
@@ -658,7 +665,7 @@ def test_a_steady_batch_counts_its_thinking_rows_in_bulk() -> None:
         policy.observe(list(rids), tokens, step)
         if step == 20:
             assert policy.tokens_by_phase("t1", 20) == (20, 0)
-            assert policy.tracker.state("t2").num_think_tokens == 20
+            assert state_of(policy, "t2").num_think_tokens == 20
     assert policy.tokens_by_phase("t0", 40) == (29, 10)
     assert policy.tokens_by_phase("t3", 40) == (40, 0)
     assert listener.think_ends == [(29, False)]

@@ -99,6 +99,12 @@ class Script:
         return self.answer[(j - len(self.head)) % len(self.answer)]
 
 
+def state_of(policy: MeridianPolicy, request_id: str) -> RequestState:
+    """A tracked request's state, its counts brought up to date (as admission reads them)."""
+    policy.tracker.settle()
+    return policy.tracker.states[request_id]
+
+
 @st.composite
 def scripts(draw: st.DrawFn, fmt: ReasoningFormat) -> Script:
     """A chat request, or one that thinks from its prompt (its reasoning perhaps started there),
@@ -226,7 +232,7 @@ def check(policy: MeridianPolicy, ref: Reference, listener: Listener) -> None:
             want.num_think_tokens,
             want.num_output_tokens,
         ), rid
-        got = policy.tracker.state(rid)
+        got = state_of(policy, rid)
         assert (
             got.phase,
             got.num_think_tokens,

@@ -44,6 +44,9 @@ when none fits.
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
 (:func:`~meridian.core.format.expects_reasoning`, over
 :meth:`~meridian.core.format.ReasoningFormat.initial_phase`).
+
+Length: the stats a replica reports (:class:`ReplicaStats`, read and checked from JSON) and the
+policy that reads them change together; apart, every new field would touch two modules.
 """
 
 from __future__ import annotations

@@ -177,11 +177,6 @@ class Tracker:
             if self.listener is not None:
                 self.listener.requests_finished([st.request_id for st, _ in gone])
 
-    def state(self, request_id: str) -> RequestState:
-        """A tracked request's live state, its counts up to date."""
-        self.settle()
-        return self.states[request_id]
-
     def settle(self) -> None:
         """Bring the counts of thinking rows counted in bulk up to date (before reading any)."""
         if self._rows is not None:
