@@ -14,7 +14,9 @@ gaps between each answer stream's tokens, and every listener call, at its step.
 from __future__ import annotations
 
 import collections
+import os
 from dataclasses import dataclass, field
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +26,7 @@ from meridian.core.budget import RequestBudget
 from meridian.core.format import ReasoningFormat
 from meridian.core.policy import MeridianPolicy, UntrackedRequestsError
 from meridian.core.state import RequestState, advance, start
+from meridian.core.tracking import ENV_PLAIN_PATHS
 from meridian.core.types import EnterThink, ExitThink, Phase, PhaseEvent
 
 START, END = 3, 4
@@ -306,6 +309,7 @@ runs = st.builds(
     think_end=st.sampled_from([(END,), (END, 8)]),
     transition_len=st.integers(0, 2),
     plan=st.lists(runs, min_size=1, max_size=12),
+    plain=st.booleans(),
     data=st.data(),
 )
 def test_observe_accounts_every_step_as_the_reference_does(
@@ -313,19 +317,24 @@ def test_observe_accounts_every_step_as_the_reference_does(
     think_end: tuple[int, ...],
     transition_len: int,
     plan: list[Run],
+    plain: bool,
     data: st.DataObject,
 ) -> None:
+    """The fast ways (steady, bulk) and the plain one ($MERIDIAN_PLAIN_PATHS=1, every step the
+    general way) both agree with the reference, step by step."""
     fmt = ReasoningFormat(think_start=think_start, think_end=think_end)
     listener, clock = Listener(), Clock()
-    policy = MeridianPolicy(
-        fmt,
-        SchedulerConfig(),
-        block_size=4,
-        capacity=64,
-        listener=listener,
-        clock=clock,
-        transition_len=transition_len,
-    )
+    with mock.patch.dict(os.environ, {ENV_PLAIN_PATHS: "1" if plain else ""}):
+        policy = MeridianPolicy(
+            fmt,
+            SchedulerConfig(),
+            block_size=4,
+            capacity=64,
+            listener=listener,
+            clock=clock,
+            transition_len=transition_len,
+        )
+    assert policy.tracker.plain is plain
     ref = Reference(fmt, transition_len)
     rids = [f"r{i}" for i in range(NUM_REQUESTS)]
 

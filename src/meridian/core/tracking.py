@@ -30,6 +30,7 @@ request answers; their count is the engine's, read through
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
@@ -63,6 +64,10 @@ __all__ = ["GAP_HISTORY_STEPS", "Tracker", "UntrackedRequestsError"]
 # longer than that is counted in steps, not timed).
 GAP_HISTORY_STEPS = 4096
 _NO_STREAMS: frozenset[str] = frozenset()
+
+
+#: Set to 1, every step is observed the general way (the fast ways' oracle).
+ENV_PLAIN_PATHS = "MERIDIAN_PLAIN_PATHS"
 
 
 class UntrackedRequestsError(KeyError):
@@ -118,7 +123,10 @@ class Tracker:
         # the same requests got tokens two steps running (a one-token think_end only).
         self._last_rows: list[str] | None = None
         self._rows: SteadyRows | None = None
-        self._think_end = fmt.single_think_end
+        # $MERIDIAN_PLAIN_PATHS=1: every step the general way (never armed, never steady): the
+        # oracle the fast ways are tested against, and a switch to rule them out in the field.
+        self.plain = os.environ.get(ENV_PLAIN_PATHS, "") == "1"
+        self._think_end = None if self.plain else fmt.single_think_end
 
     # -- the table ------------------------------------------------------------------------------
 
@@ -224,9 +232,13 @@ class Tracker:
         pass a lazy sequence). An untracked request does not stop the others: the step is
         accounted, then :class:`UntrackedRequestsError` names it."""
         served = self.served
-        if self.served_step == step - 1 and (
-            request_ids == self._served_ids  # (the same list: a sweep of pointer compares)
-            or (len(request_ids) == len(served) and self._same_streams(request_ids))
+        if (
+            self.served_step == step - 1
+            and not self.plain
+            and (
+                request_ids == self._served_ids  # (the same list: a sweep of pointer compares)
+                or (len(request_ids) == len(served) and self._same_streams(request_ids))
+            )
         ):
             # The steady way: exactly the answer streams served in the step before.
             self._served_again(step, len(served))
