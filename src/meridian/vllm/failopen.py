@@ -9,7 +9,9 @@ debug level), and the step goes on with vLLM's stock behaviour (the caller's ``e
 
 Every guarded block goes through one object, :class:`Guard`: ``with fail_open(hook, ...)``
 fails open and, given the counters (``timed``) and a field, adds the block's time to it; with
-no :class:`FailOpen` (:meth:`Guard.time`) it only times (vLLM's own part of a hook).
+no :class:`FailOpen` (:meth:`Guard.time`) it only times (vLLM's own part of a hook). On the
+per-step path a guard built once runs a call (:meth:`Guard.run`): a ``with`` costs twice the
+Python calls.
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from meridian.telemetry.metrics import MeridianMetrics
 
 __all__ = ["FailOpen", "Guard"]
+
+T = TypeVar("T")
 
 
 class FailOpen:
@@ -124,6 +128,27 @@ class Guard:
     def time(cls, timed: object, field: str, net_of: str | None = None) -> Guard:
         """Only time the block into ``timed.<field>`` (exceptions propagate)."""
         return cls(None, "", None, timed, field, net_of)
+
+    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        """``fn(*args, **kwargs)`` guarded as a ``with`` block would be (``None`` if it failed
+        open). Cheaper than ``with`` on the per-step path (one call, not two), and reentrant: a
+        guard built once serves every step."""
+        timed, net_of = self.timed, self.net_of
+        before = getattr(timed, net_of) if net_of is not None else 0.0
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if self.fail_open is None:
+                raise
+            self.fail_open.error(self.hook, exc, self.request_id)
+            return None
+        finally:
+            if timed is not None:
+                elapsed = time.perf_counter() - start
+                if net_of is not None:
+                    elapsed -= getattr(timed, net_of) - before
+                setattr(timed, self.field, getattr(timed, self.field) + elapsed)
 
     def __enter__(self) -> None:
         timed = self.timed

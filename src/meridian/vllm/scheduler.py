@@ -142,6 +142,14 @@ class MeridianScheduler(Scheduler):
             "scheduler",
             context=lambda: f"step={self.current_step} running={len(self.running)}",
         )
+        # The per-step guards, built once (Guard.run is reentrant): Meridian's part of schedule()
+        # and of update_from_output(), and vLLM's own (less Meridian's hooks inside it: drafts,
+        # preemptions).
+        fail_open, overhead = self.meridian_fail_open, self.meridian_overhead
+        self._schedule_guard = Guard(fail_open, "schedule", None, overhead, SCHEDULE)
+        self._update_guard = Guard(fail_open, "update_from_output", None, overhead, UPDATE)
+        self._stock_schedule = Guard.time(overhead, "stock_schedule_s")
+        self._stock_update = Guard.time(overhead, "stock_update_s", net_of=UPDATE)
         # Bytes of one KV block (all layers), for meridian_kv_used_bytes.
         kv_config = self.kv_cache_config
         capacity = sum(int(t.size) for t in kv_config.kv_cache_tensors)
@@ -250,21 +258,20 @@ class MeridianScheduler(Scheduler):
             self._track_new()  # timed as update-side overhead, like the tracking it batches
         active_cap = self.max_num_active_reqs
         if self.meridian_reorders:
-            with self._guarded("schedule", field=SCHEDULE):
-                self._apply_plan(active_cap)
+            self._schedule_guard.run(self._apply_plan, active_cap)
         overhead = self.meridian_overhead
         overhead.num_steps += 1
+        stock = self._stock_schedule
         try:
-            with Guard.time(overhead, "stock_schedule_s"):
-                if self.meridian_tracer.enabled:
-                    with self.meridian_tracer.step_span(
-                        self.current_step + 1,
-                        num_running=len(self.running),
-                        num_waiting=len(self.waiting),
-                    ):
-                        output = super().schedule(*args, **kwargs)
-                else:
-                    output = super().schedule(*args, **kwargs)
+            if self.meridian_tracer.enabled:
+                with self.meridian_tracer.step_span(
+                    self.current_step + 1,
+                    num_running=len(self.running),
+                    num_waiting=len(self.waiting),
+                ):
+                    output = stock.run(super().schedule, *args, **kwargs)
+            else:
+                output = stock.run(super().schedule, *args, **kwargs)
         finally:
             self.max_num_active_reqs = active_cap
         if self.meridian_step_log is not None:
@@ -274,8 +281,7 @@ class MeridianScheduler(Scheduler):
         overhead.num_scheduled_tokens += tokens
         if self.meridian_reorders:
             rows = len(getattr(output, "num_scheduled_tokens", ()))
-            with self._guarded("schedule", field=SCHEDULE):
-                self.meridian_policy.on_step(rows, tokens)
+            self._schedule_guard.run(self.meridian_policy.on_step, rows, tokens)
         return output
 
     def _apply_plan(self, active_cap: int) -> None:
@@ -317,14 +323,11 @@ class MeridianScheduler(Scheduler):
         self._freed = []
         outputs = None
         try:
-            # vLLM's time, less Meridian's hooks inside it (drafts, preemptions).
-            with Guard.time(self.meridian_overhead, "stock_update_s", net_of=UPDATE):
-                outputs = super().update_from_output(*args, **kwargs)
+            outputs = self._stock_update.run(super().update_from_output, *args, **kwargs)
             return outputs
         finally:
             if outputs:
-                with self._guarded("update_from_output"):
-                    self._observe_step(outputs)
+                self._update_guard.run(self._observe_step, outputs)
             freed, self._freed = self._freed, None
             if freed:
                 self._untrack(*freed)
