@@ -87,8 +87,8 @@ def test_a_fixed_setting_is_the_budget_and_is_never_measured() -> None:
     for setting in (8, None):
         budget = OutputBudget(setting, tpot_s=0.020, capacity=64)
         assert budget.rows == setting and budget.step_time is None
-        for step in range(3 * BUDGET_REFIT_STEPS):
-            assert not budget.planned(float(step))
+        for _ in range(3 * BUDGET_REFIT_STEPS):
+            assert not budget.planned(0.040)
             budget.scheduled(num_rows=64, num_tokens=64)
         assert budget.rows == setting
 
@@ -100,13 +100,16 @@ def test_set_says_whether_the_budget_changed() -> None:
     assert budget.set(None) and budget.rows is None
 
 
-def run(budget: OutputBudget, steps: list[tuple[int, int, float]], now: float = 0.0) -> float:
-    """Plan and schedule ``steps`` of (rows, tokens, seconds); the clock after them."""
+def run(
+    budget: OutputBudget, steps: list[tuple[int, int, float]], took: float | None = None
+) -> float | None:
+    """Plan and schedule ``steps`` of (rows, tokens, seconds), the step before them having taken
+    ``took``; the time of the last one (what the next plan hears)."""
     for rows, tokens, seconds in steps:
-        budget.planned(now)
+        budget.planned(took)
         budget.scheduled(num_rows=rows, num_tokens=tokens)
-        now += seconds
-    return now
+        took = seconds
+    return took
 
 
 def test_auto_measures_decode_only_steps_from_plan_to_plan() -> None:
@@ -114,13 +117,12 @@ def test_auto_measures_decode_only_steps_from_plan_to_plan() -> None:
     # at one batch size): once enough samples are folded in, the budget is 4 rows.
     budget = OutputBudget("auto", tpot_s=0.020, capacity=64)
     assert budget.rows is None and budget.step_time is not None
-    now = run(budget, [(8, 8, 0.040)] * 32)
+    took = run(budget, [(8, 8, 0.040)] * 32)
     assert budget.rows is None, "samples are folded in batches: not yet"
-    changed = [budget.planned(now)]
+    changed = [budget.planned(took)]
     for _ in range(BUDGET_REFIT_STEPS):
         budget.scheduled(num_rows=8, num_tokens=8)
-        now += 0.040
-        changed.append(budget.planned(now))
+        changed.append(budget.planned(0.040))
     # One refit derived the budget, and planned() said so exactly then.
     assert budget.rows == 4 and changed.count(True) == 1
     assert budget.step_time.num_samples >= 32
@@ -130,16 +132,18 @@ def test_prefill_steps_and_idle_time_are_no_samples() -> None:
     # Were the 5 s prefill step or the 60 s idle gap folded in (8 rows each), the proportional
     # fit would cap the budget at 1 row: they are not samples.
     budget = OutputBudget("auto", tpot_s=0.020, capacity=64)
-    now = run(budget, [(8, 8, 0.040)] * (32 + BUDGET_REFIT_STEPS))
-    budget.planned(now)
+    took = run(budget, [(8, 8, 0.040)] * (32 + BUDGET_REFIT_STEPS))
+    budget.planned(took)
     assert budget.rows == 4
-    now = run(budget, [(8, 500, 5.0)], now)  # a prefill step: 500 tokens for 8 rows
-    budget.planned(now)
+    took = run(budget, [(8, 500, 5.0)])  # a prefill step: 500 tokens for 8 rows
+    budget.planned(took)
     budget.scheduled(num_rows=8, num_tokens=8)
     budget.idle()  # the engine ran out of work: the time until the next plan is no step's
-    now += 60.0
-    now = run(budget, [(8, 8, 0.040)] * (BUDGET_REFIT_STEPS + 1), now)
-    budget.planned(now)
+    budget.planned(60.0)
+    budget.scheduled(num_rows=8, num_tokens=8)
+    budget.planned(None)  # (the planner's word for the same: no step's time)
+    took = run(budget, [(8, 8, 0.040)] * (BUDGET_REFIT_STEPS + 1))
+    budget.planned(took)
     assert budget.rows == 4
     assert budget.step_time is not None
     assert budget.step_time.num_samples == 32 + 2 * BUDGET_REFIT_STEPS

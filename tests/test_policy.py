@@ -26,6 +26,7 @@ from meridian.core.output_budget import BUDGET_REFIT_STEPS
 from meridian.core.policy import (
     READMIT_GUARD_STEPS,
     MeridianPolicy,
+    RequestState,
     UntrackedRequestsError,
     output_budget_setting,
 )
@@ -35,6 +36,7 @@ START, END = 3, 4
 MODEL = ReasoningFormat(think_start=(START,), think_end=(END,))
 THINK_PROMPT = [10, 11, START]
 PLAIN_PROMPT = [10, 11, 12]
+CHAT_PROMPT = [10, START, END]  # thinking disabled in the prompt: OUTPUT from the start
 
 
 @dataclass
@@ -58,6 +60,12 @@ class FakeRequest:
     def emit(self, policy: MeridianPolicy, token: int, step: int) -> None:
         """One decode step of this request alone (:func:`emit_step`)."""
         emit_step(policy, step, [(self, token)])
+
+
+def state_of(policy: MeridianPolicy, request_id: str) -> RequestState:
+    """A tracked request's state, its counts brought up to date (as admission reads them)."""
+    policy.tracker.settle()
+    return policy.tracker.states[request_id]
 
 
 def emit_step(policy: MeridianPolicy, step: int, tokens: list[tuple[FakeRequest, int]]) -> None:
@@ -139,7 +147,7 @@ def test_a_readmitted_think_request_is_guarded_for_one_plan() -> None:
     assert policy.stats.num_preemptions[Phase.THINK] == 1
     # t3 re-entered the running set during step 5; the plan of step 6 sees it.
     assert ids(policy.plan([t1, t2, t3], step=6, num_free_blocks=10).order)[-1] == "t2"
-    assert policy.state("t3").readmitted_step == 5
+    assert state_of(policy, "t3").readmitted_step == 5
     later = policy.plan([t1, t2, t3], step=5 + READMIT_GUARD_STEPS, num_free_blocks=10)
     assert ids(later.order)[-1] == "t3", "the guard expired"
 
@@ -290,12 +298,12 @@ def test_without_reasoning_the_engine_order_and_admission_stand() -> None:
 
 def test_answer_gaps_and_inferred_caps() -> None:
     policy = make_policy()
-    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    r = admitted(policy, "r", THINK_PROMPT, request_budget=RequestBudget(max_think_tokens=2))
     for step, token in [(1, 7), (2, 7), (3, END), (4, 9), (5, 9), (9, 9)]:
         r.emit(policy, token, step)
     stats = policy.stats
     assert stats.max_answer_gap_steps == 4 and stats.num_answer_gaps_over_2 == 1
-    assert stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert stats.num_forced_inferred == 1
     assert stats.think_tokens_total == 2 and stats.num_think_exits == 1
     policy.untrack("r")
     assert policy.num_tracked == 0
@@ -304,15 +312,15 @@ def test_answer_gaps_and_inferred_caps() -> None:
 
 def test_inferred_caps_count_the_transition_phrase_and_forcing_off_never_counts() -> None:
     policy = make_policy(transition_len=2)
-    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    r = admitted(policy, "r", THINK_PROMPT, request_budget=RequestBudget(max_think_tokens=2))
     for step, token in enumerate([7, 7, 20, 21, END, 9], start=1):
         r.emit(policy, token, step)
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
     assert policy.stats.think_tokens_total == 4
-    off = admitted(policy, "off", THINK_PROMPT, budget=RequestBudget(forcing=False))
+    off = admitted(policy, "off", THINK_PROMPT, request_budget=RequestBudget(forcing=False))
     for step, token in enumerate([7, 7, 20, 21, END], start=10):
         off.emit(policy, token, step)
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
 
 
 @settings(max_examples=80, deadline=None)
@@ -334,8 +342,8 @@ def test_the_forcer_and_the_policy_agree_on_a_prompt_whose_reasoning_started(
     output: list[int] = []
     forcer.add("r", prompt=prompt, output=output, budget=budget)
     policy = make_policy(transition_len=transition_len)
-    r = admitted(policy, "r", prompt, budget=budget)
-    assert policy.state("r").num_prompt_think_tokens == prompt_think
+    r = admitted(policy, "r", prompt, request_budget=budget)
+    assert state_of(policy, "r").num_prompt_think_tokens == prompt_think
     for step in range(1, 20):
         forcer.sync("r")
         token = forcer.forced_token("r")
@@ -346,7 +354,7 @@ def test_the_forcer_and_the_policy_agree_on_a_prompt_whose_reasoning_started(
             break
     assert output.index(END) == max(0, cap - prompt_think) + transition_len
     assert forcer.num_forced[ForceReason.HARD_CAP] == 1
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
     # The generated think tokens, not the prompt's, are the think phase's length.
     assert policy.stats.think_tokens_total == output.index(END)
 
@@ -357,7 +365,7 @@ def test_tokens_of_an_untracked_request_are_named_after_the_batch() -> None:
     with pytest.raises(UntrackedRequestsError, match="ghost") as info:
         policy.observe(["ghost", "r", "spook"], [[9], [9], [9]], 1)
     assert isinstance(info.value, KeyError) and info.value.request_ids == ["ghost", "spook"]
-    assert policy.state("r").num_output_tokens == 1  # the step was accounted all the same
+    assert state_of(policy, "r").num_output_tokens == 1  # the step was accounted all the same
     assert policy.tokens_by_phase("r", 1) == (0, 1)
 
 
@@ -369,11 +377,11 @@ def test_the_table_of_tracked_requests() -> None:
     with pytest.raises(ValueError, match="'r' is already tracked; untrack it first"):
         policy.track("r", PLAIN_PROMPT)
     assert policy.phase("r") is Phase.THINK, "the failed track changed nothing"
-    assert policy.num_tracked == 1 and list(policy.tracked_ids) == ["r"]
+    assert policy.num_tracked == 1 and list(policy.tracker.states) == ["r"]
     policy.untrack("never")
     policy.untrack_many([("never", None), ("nor", 5)])
     assert policy.num_tracked == 1
-    for read in (policy.phase, policy.state, policy.on_preempt):
+    for read in (policy.phase, policy.on_preempt):
         with pytest.raises(KeyError, match="x"):
             read("x")
     assert policy.tokens_by_phase("x", 3) is None
@@ -384,7 +392,7 @@ def test_the_table_of_tracked_requests() -> None:
         policy.phase("r")
     policy.track("r", PLAIN_PROMPT)  # the id can be reused after untrack: a new request
     assert policy.phase("r") is Phase.PREFILL
-    assert policy.state("r").num_generated_tokens == 0
+    assert state_of(policy, "r").num_generated_tokens == 0
     policy.check_integrity()
 
 
@@ -393,7 +401,7 @@ def test_check_integrity_names_the_request_whose_state_is_broken() -> None:
     r = admitted(policy, "r", THINK_PROMPT)
     r.emit(policy, 7, 1)
     policy.check_integrity()
-    policy.state("r").num_think_tokens += 1
+    state_of(policy, "r").num_think_tokens += 1
     with pytest.raises(AssertionError, match="request 'r': think \\+ output"):
         policy.check_integrity()
 
@@ -456,7 +464,7 @@ def test_the_listener_hears_lifetimes_phases_preemptions_and_think_ends() -> Non
     ]
     assert listener.preemptions == [(Phase.OUTPUT, 3)]
     assert listener.think_ends == [(1, False)]
-    capped = admitted(policy, "c", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    capped = admitted(policy, "c", THINK_PROMPT, request_budget=RequestBudget(max_think_tokens=2))
     for step, token in [(4, 7), (5, 7), (6, END)]:
         capped.emit(policy, token, step)
     assert [name for name, rid in listener.log if rid == "c"][-2:] == [
@@ -477,16 +485,16 @@ def test_a_request_that_finishes_inside_its_forced_phrase_counts_as_forced() -> 
     # "cut": 2 think tokens (the cap), then 2 of the 3 forced phrase tokens, then max_tokens.
     # "at cap": stops at the cap. "early": stops before it. "none": no cap (forcing off).
     for rid, tokens, kw in [
-        ("cut", [7, 7, 7, 7], {"budget": budget}),
-        ("at cap", [7, 7], {"budget": budget}),
-        ("early", [7], {"budget": budget}),
-        ("none", [7, 7, 7, 7], {"budget": RequestBudget(forcing=False)}),
+        ("cut", [7, 7, 7, 7], {"request_budget": budget}),
+        ("at cap", [7, 7], {"request_budget": budget}),
+        ("early", [7], {"request_budget": budget}),
+        ("none", [7, 7, 7, 7], {"request_budget": RequestBudget(forcing=False)}),
     ]:
         r = admitted(policy, rid, THINK_PROMPT, **kw)
         for step, token in enumerate(tokens, start=1):
             r.emit(policy, token, step)
     policy.untrack_many([(rid, None) for rid in ("cut", "at cap", "early", "none")])
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
     forces = ("force cut short", ForceBudget.__name__)
     heard = [(name, rid) for name, rid in listener.log if name in forces]
     assert heard == [(ForceBudget.__name__, "cut"), ("force cut short", "cut")]
@@ -499,13 +507,13 @@ def test_a_listener_without_phase_events_hears_the_rest() -> None:
     listener = Recording()
     listener.phase_events = False
     policy = make_policy(listener=listener)
-    r = admitted(policy, "r", THINK_PROMPT, budget=RequestBudget(max_think_tokens=2))
+    r = admitted(policy, "r", THINK_PROMPT, request_budget=RequestBudget(max_think_tokens=2))
     for step, token in [(1, 7), (2, 7), (3, END), (4, 9)]:
         r.emit(policy, token, step)
     policy.untrack("r")
     assert listener.log == [("reasoning", "r"), ("first answer", "r"), ("finish", "r")]
     assert listener.think_ends == [(2, True)]
-    assert policy.stats.num_forced_inferred[ForceReason.HARD_CAP] == 1
+    assert policy.stats.num_forced_inferred == 1
 
 
 def test_requests_finishing_together_leave_in_one_batch_even_if_a_length_fails() -> None:
@@ -516,7 +524,7 @@ def test_requests_finishing_together_leave_in_one_batch_even_if_a_length_fails()
     policy = make_policy(listener=listener)
     running = [admitted(policy, f"r{i}", THINK_PROMPT) for i in range(3)]
     policy.plan(running, 1, 100)
-    assert policy.queues.num_think_queued == 3
+    assert policy.planner.queues.num_think_queued == 3
 
     def failing(st: Any, num_output_tokens: int) -> None:
         raise RuntimeError("length model failed")
@@ -525,7 +533,7 @@ def test_requests_finishing_together_leave_in_one_batch_even_if_a_length_fails()
     with pytest.raises(RuntimeError, match="length model failed"):
         policy.untrack_many([("r0", 5), ("r1", 5), ("never", 5), ("r2", None)])
     assert policy.num_tracked == 0
-    assert policy.queues.num_think_queued == policy.queues.num_output_queued == 0
+    assert policy.planner.queues.num_think_queued == policy.planner.queues.num_output_queued == 0
     assert [entry for entry in listener.log if entry[0] == "finish"] == [
         ("finish", "r0"),
         ("finish", "r1"),
@@ -657,7 +665,7 @@ def test_a_steady_batch_counts_its_thinking_rows_in_bulk() -> None:
         policy.observe(list(rids), tokens, step)
         if step == 20:
             assert policy.tokens_by_phase("t1", 20) == (20, 0)
-            assert policy.state("t2").num_think_tokens == 20
+            assert state_of(policy, "t2").num_think_tokens == 20
     assert policy.tokens_by_phase("t0", 40) == (29, 10)
     assert policy.tokens_by_phase("t3", 40) == (40, 0)
     assert listener.think_ends == [(29, False)]
@@ -668,7 +676,7 @@ def test_a_steady_batch_counts_its_thinking_rows_in_bulk() -> None:
 def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
     clock = Clock()
     policy = make_policy(output_budget="auto", clock=clock)
-    assert policy.output_budget is None and policy.step_time is not None
+    assert policy.output_budget.rows is None and policy.output_budget.step_time is not None
     thinks = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(8)]
     step = 0
     # Decode-only steps of 8 rows that take 40 ms against a 20 ms budget (time proportional
@@ -679,7 +687,7 @@ def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
         policy.on_step(num_rows=8, num_tokens=8)
         clock.now += 0.040
     policy.plan(thinks, step + 1, num_free_blocks=100)
-    assert policy.output_budget == 4
+    assert policy.output_budget.rows == 4
     # A prefill step is not a sample, nor is the time spent idle: were either folded in (5 s,
     # 60 s for 8 rows), the proportional fit would cap the budget at 1 row.
     step += 1
@@ -697,7 +705,7 @@ def test_the_output_budget_is_measured_on_the_injected_clock() -> None:
         policy.on_step(num_rows=8, num_tokens=8)
         clock.now += 0.040
     policy.plan(thinks, step + 1, num_free_blocks=100)
-    assert policy.output_budget == 4
+    assert policy.output_budget.rows == 4
 
 
 def test_a_budget_no_batch_can_meet_defers_nothing() -> None:
@@ -713,22 +721,31 @@ def test_a_budget_no_batch_can_meet_defers_nothing() -> None:
         assert not plan.skip
         policy.on_step(num_rows=rows, num_tokens=rows)
         clock.now += 0.025 + 0.0001 * rows
-    assert policy.step_time is not None and policy.step_time.num_samples >= 32
-    assert policy.output_budget is None and policy.stats.num_deferred == 0
+    assert (
+        policy.output_budget.step_time is not None
+        and policy.output_budget.step_time.num_samples >= 32
+    )
+    assert policy.output_budget.rows is None and policy.stats.num_deferred == 0
 
 
 def test_a_new_output_budget_replans_the_next_step() -> None:
-    policy = make_policy(output_budget=None)
+    """The plan is reused while nothing changes; the step after the measured budget changes is
+    planned anew, and thinking requests beyond the new limit sit it out."""
+    clock = Clock()
+    policy = make_policy(output_budget="auto", clock=clock)
     reqs = [admitted(policy, f"t{i}", THINK_PROMPT) for i in range(6)]
-    assert not policy.plan(reqs, 1, 100).skip
-    plan = policy.plan(reqs, 2, 100)
-    assert plan.order is reqs and not plan.skip  # nothing changed: the order is reused
-    assert policy.output_budget is None
-    policy.set_output_budget(1)  # think limit: floor(2.5 * 1) = 2 of 6 thinking requests
-    assert policy.output_budget == 1
-    plan = policy.plan(reqs, 3, 100)
-    assert plan.order is not reqs and len(plan.skip) == 4
-    assert policy.stats.num_deferred == 4
+    step, plan = 0, None
+    while policy.output_budget.rows is None:
+        assert step < 32 + 2 * BUDGET_REFIT_STEPS, "the budget never changed"
+        step += 1
+        plan = policy.plan(reqs, step, 100)
+        if policy.output_budget.rows is None:
+            assert not plan.skip and (step == 1 or plan.order is reqs)  # reused
+        # Decode-only steps of 6 rows taking 60 ms against a 20 ms budget.
+        policy.on_step(num_rows=6, num_tokens=6)
+        clock.now += 0.060
+    assert plan is not None and plan.order is not reqs and plan.skip
+    assert policy.stats.num_deferred == len(plan.skip)
 
 
 def test_a_plan_never_keeps_the_engines_running_list_alive() -> None:
@@ -765,7 +782,7 @@ def test_output_budget_setting() -> None:
 def test_config_defaults_are_usable() -> None:
     cfg = MeridianConfig()
     policy = MeridianPolicy(MODEL, cfg.scheduler, block_size=16, capacity=8)
-    assert policy.output_budget is None and policy.step_time is None
+    assert policy.output_budget.rows is None and policy.output_budget.step_time is None
     with pytest.raises(ValueError, match="block_size and capacity"):
         MeridianPolicy(MODEL, cfg.scheduler, block_size=0, capacity=8)
 
@@ -818,7 +835,7 @@ def test_plan_properties(ops: list[tuple[int, int]], output_budget: int | None) 
         policy.check_integrity()
     for r in running + waiting:
         policy.untrack(r.request_id)
-    assert policy.num_tracked == 0 and len(policy.queues) == 0
+    assert policy.num_tracked == 0 and len(policy.planner.queues) == 0
 
 
 def _teach(policy: MeridianPolicy, n: int, num_output_tokens: int | None) -> None:
@@ -835,7 +852,8 @@ def test_waiting_order_puts_preempted_requests_first_then_the_preferred_kind() -
 
     def queue(policy: MeridianPolicy) -> list[FakeRequest]:
         # Arrival order: chat, reasoning, chat, a preempted reasoning request, reasoning.
-        prompts = [PLAIN_PROMPT, THINK_PROMPT, PLAIN_PROMPT, THINK_PROMPT, THINK_PROMPT]
+        # (A plain prompt starts in PREFILL, reasoning: test_kind.py; chat closes the block.)
+        prompts = [CHAT_PROMPT, THINK_PROMPT, CHAT_PROMPT, THINK_PROMPT, THINK_PROMPT]
         waiting = [FakeRequest(f"{i}", p) for i, p in enumerate(prompts)]
         for r in waiting:
             policy.track(r.request_id, r.prompt)
@@ -860,12 +878,12 @@ def test_waiting_order_puts_preempted_requests_first_then_the_preferred_kind() -
     clock = Clock()
     config = SchedulerConfig(admission_order="chat-first", admission_order_max_wait_s=30.0)
     policy = MeridianPolicy(MODEL, config, block_size=4, capacity=64, clock=clock)
-    old = [FakeRequest("old-r", THINK_PROMPT), FakeRequest("old-c", PLAIN_PROMPT)]
+    old = [FakeRequest("old-r", THINK_PROMPT), FakeRequest("old-c", CHAT_PROMPT)]
     for r in old:
         policy.track(r.request_id, r.prompt)
     clock.now = 29.0
-    new = [FakeRequest("new-c", PLAIN_PROMPT)]
-    policy.track("new-c", PLAIN_PROMPT)
+    new = [FakeRequest("new-c", CHAT_PROMPT)]
+    policy.track("new-c", CHAT_PROMPT)
     assert ids(policy.waiting_order([*old, *new])) == ["old-c", "new-c", "old-r"]
     clock.now = 30.0
     assert ids(policy.waiting_order([*new, *old])) == ["old-r", "old-c", "new-c"]

@@ -24,6 +24,7 @@ from meridian.core.state import (
     integrity_problem,
     mark_forced,
     reasoned,
+    set_thought,
     start,
     thinks_on,
 )
@@ -510,3 +511,29 @@ def test_interleaved_requests_are_independent(
                     want.num_output,
                 )
                 live.remove(rid)
+
+
+def test_the_answer_count_of_the_engines_output_count() -> None:
+    """Answer tokens are the engine's output count less think and marker tokens: the tokens fed
+    through ``advance`` (which stops at the first answer tokens) agree with it."""
+    fmt = ReasoningFormat(think_start=(7,), think_end=(8,))
+    rs = start("r", fmt, [1, 7])
+    stream = [20, 21, 22, 8, 30, 31]
+    advance(rs, stream)
+    assert rs.num_after_think(len(stream)) == 3  # the marker and two answer tokens
+    assert rs.num_answer_tokens(len(stream)) == 2 == rs.num_output_tokens
+    assert rs.num_answer_tokens(len(stream) + 5) == 7  # later answer tokens, counted by the engine
+    pending = start("p", ReasoningFormat(think_start=(7, 9), think_end=(8,)), [1])
+    advance(pending, [7])  # half a think_start: undecided, neither think nor answer
+    assert pending.phase is Phase.PREFILL and pending.num_answer_tokens(1) == 0
+
+
+def test_set_thought_only_moves_a_request_that_has_only_thought() -> None:
+    fmt = ReasoningFormat(think_start=(7,), think_end=(8,))
+    rs = RequestState("r", fmt, Phase.THINK)
+    set_thought(rs, 5)
+    assert (rs.num_think_tokens, rs.num_generated_tokens) == (5, 5)
+    assert integrity_problem(rs) is None
+    advance(rs, [8, 30])
+    with pytest.raises(PhaseError, match="not a request that has only thought"):
+        set_thought(rs, 9)

@@ -14,7 +14,9 @@ gaps between each answer stream's tokens, and every listener call, at its step.
 from __future__ import annotations
 
 import collections
+import os
 from dataclasses import dataclass, field
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +26,8 @@ from meridian.core.budget import RequestBudget
 from meridian.core.format import ReasoningFormat
 from meridian.core.policy import MeridianPolicy, UntrackedRequestsError
 from meridian.core.state import RequestState, advance, start
-from meridian.core.types import EnterThink, ExitThink, ForceReason, Phase, PhaseEvent
+from meridian.core.tracking import ENV_PLAIN_PATHS
+from meridian.core.types import EnterThink, ExitThink, Phase, PhaseEvent
 
 START, END = 3, 4
 PLAIN = [10, 11, 12]
@@ -97,6 +100,12 @@ class Script:
         if j < len(self.head):
             return self.head[j]
         return self.answer[(j - len(self.head)) % len(self.answer)]
+
+
+def state_of(policy: MeridianPolicy, request_id: str) -> RequestState:
+    """A tracked request's state, its counts brought up to date (as admission reads them)."""
+    policy.tracker.settle()
+    return policy.tracker.states[request_id]
 
 
 @st.composite
@@ -218,7 +227,7 @@ class Reference:
 
 def check(policy: MeridianPolicy, ref: Reference, listener: Listener) -> None:
     """Everything the policy says agrees with the reference."""
-    assert sorted(policy.tracked_ids) == sorted(ref.requests)
+    assert sorted(policy.tracker.states) == sorted(ref.requests)
     for rid, r in ref.requests.items():
         want = r.state
         assert policy.phase(rid) is want.phase, rid
@@ -226,7 +235,7 @@ def check(policy: MeridianPolicy, ref: Reference, listener: Listener) -> None:
             want.num_think_tokens,
             want.num_output_tokens,
         ), rid
-        got = policy.state(rid)
+        got = state_of(policy, rid)
         assert (
             got.phase,
             got.num_think_tokens,
@@ -244,7 +253,7 @@ def check(policy: MeridianPolicy, ref: Reference, listener: Listener) -> None:
     assert (
         stats.num_think_exits,
         stats.think_tokens_total,
-        stats.num_forced_inferred[ForceReason.HARD_CAP],
+        stats.num_forced_inferred,
         stats.max_answer_gap_steps,
         stats.num_answer_gaps_over_2,
     ) == (
@@ -300,6 +309,7 @@ runs = st.builds(
     think_end=st.sampled_from([(END,), (END, 8)]),
     transition_len=st.integers(0, 2),
     plan=st.lists(runs, min_size=1, max_size=12),
+    plain=st.booleans(),
     data=st.data(),
 )
 def test_observe_accounts_every_step_as_the_reference_does(
@@ -307,25 +317,30 @@ def test_observe_accounts_every_step_as_the_reference_does(
     think_end: tuple[int, ...],
     transition_len: int,
     plan: list[Run],
+    plain: bool,
     data: st.DataObject,
 ) -> None:
+    """The fast ways (steady, bulk) and the plain one ($MERIDIAN_PLAIN_PATHS=1, every step the
+    general way) both agree with the reference, step by step."""
     fmt = ReasoningFormat(think_start=think_start, think_end=think_end)
     listener, clock = Listener(), Clock()
-    policy = MeridianPolicy(
-        fmt,
-        SchedulerConfig(),
-        block_size=4,
-        capacity=64,
-        listener=listener,
-        clock=clock,
-        transition_len=transition_len,
-    )
+    with mock.patch.dict(os.environ, {ENV_PLAIN_PATHS: "1" if plain else ""}):
+        policy = MeridianPolicy(
+            fmt,
+            SchedulerConfig(),
+            block_size=4,
+            capacity=64,
+            listener=listener,
+            clock=clock,
+            transition_len=transition_len,
+        )
+    assert policy.tracker.plain is plain
     ref = Reference(fmt, transition_len)
     rids = [f"r{i}" for i in range(NUM_REQUESTS)]
 
     def track(rid: str) -> None:
         script = data.draw(scripts(fmt))
-        policy.track(rid, script.prompt, budget=script.budget)
+        policy.track(rid, script.prompt, request_budget=script.budget)
         ref.track(rid, script, listener.step)
 
     for rid in rids:

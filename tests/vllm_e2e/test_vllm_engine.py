@@ -52,8 +52,8 @@ def test_scheduling_is_output_invariant(engine: Any, chat_prompt: Prompt) -> Non
         # Ample KV: no order could change a step, and Meridian would keep vLLM's. Planning
         # every change (no token budget known) makes the order really differ.
         policy = scheduler.meridian_policy
-        assert policy.max_step_tokens == scheduler.scheduler_config.max_num_batched_tokens
-        policy.max_step_tokens = None
+        assert policy.planner.max_step_tokens == scheduler.scheduler_config.max_num_batched_tokens
+        policy.planner.max_step_tokens = None
         ours = token_ids(llm.generate(prompts, params, use_tqdm=False))
         assert scheduler.meridian_stats.num_reordered_steps > 0
         assert scheduler.meridian_policy_errors == 0
@@ -180,7 +180,9 @@ def test_an_untracking_error_fails_open_and_the_whole_batch_is_untracked(
         assert finished == set(rids)
         assert scheduler.meridian_policy_errors == 1
         assert scheduler.meridian_num_tracked == 0
-        assert policy.queues.num_output_queued == policy.queues.num_think_queued == 0
+        assert (
+            policy.planner.queues.num_output_queued == policy.planner.queues.num_think_queued == 0
+        )
         assert policy.admission.lengths.num_samples == len(rids)
         policy.check_integrity()
 
@@ -211,7 +213,7 @@ def test_forcing_at_the_budget(engine: Any, chat_prompt: Prompt, end_id: int) ->
         processor = meridian_processor_of(llm)
         scheduler = scheduler_of(llm)
         num_hard_cap = processor.forcer.num_forced[ForceReason.HARD_CAP]
-        inferred = scheduler.meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        inferred = scheduler.meridian_stats.num_forced_inferred
         processor.forcer.check_integrity()
         # Finished requests leave the persistent batch at the next step: one more request
         # flushes the previous batch, and only that request remains tracked (vLLM dropped the
@@ -260,7 +262,7 @@ def test_transition_phrase_before_the_forced_marker(
             llm.generate([chat_prompt(i % 3) for i in range(len(caps))], params, use_tqdm=False)
         )
         forced = meridian_processor_of(llm).forcer.num_forced[ForceReason.HARD_CAP]
-        inferred = scheduler_of(llm).meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        inferred = scheduler_of(llm).meridian_stats.num_forced_inferred
     k = len(phrase_ids)
     for cap, out in zip(caps[:3], outs, strict=False):
         if end_id in out[:cap]:
@@ -310,7 +312,7 @@ def test_a_clients_own_ban_of_the_end_marker_wins_over_the_budget(
         processor = meridian_processor_of(llm)
         scheduler = scheduler_of(llm)
         forced = processor.forcer.num_forced[ForceReason.HARD_CAP]
-        inferred = scheduler.meridian_stats.num_forced_inferred[ForceReason.HARD_CAP]
+        inferred = scheduler.meridian_stats.num_forced_inferred
         num_restricted = getattr(processor.core, "num_restricted", None)
         assert scheduler.meridian_policy_errors == 0
     assert all(end_id not in out for out in restricted), restricted
@@ -406,7 +408,7 @@ def test_an_output_budget_defers_thinking_requests(
     with engine(meridian=True, dtype="float32") as llm:
         ours = token_ids(llm.generate(prompts, params, use_tqdm=False))
         scheduler = scheduler_of(llm)
-        assert scheduler.meridian_policy.output_budget == 1
+        assert scheduler.meridian_policy.output_budget.rows == 1
         assert scheduler.meridian_stats.num_deferred > 0
         assert scheduler.meridian_policy_errors == 0
     assert ours == stock
@@ -427,8 +429,8 @@ def test_a_measured_budget_no_step_can_meet_defers_nothing(
     with engine(meridian=True) as llm:
         llm.generate(prompts, greedy(120, meridian_forcing="off"), use_tqdm=False)
         scheduler = scheduler_of(llm)
-        assert scheduler.meridian_policy.step_time.num_samples >= 32
-        assert scheduler.meridian_policy.output_budget is None
+        assert scheduler.meridian_policy.output_budget.step_time.num_samples >= 32
+        assert scheduler.meridian_policy.output_budget.rows is None
         assert scheduler.meridian_stats.num_deferred == 0
     timed("unmeetable measured budget", start)
 

@@ -155,7 +155,7 @@ def test_a_fault_in_a_policy_call_fails_open(
             else:
                 patch.setattr(policy, name, fault(name))
         outputs = token_ids(llm.generate(prompts, params, use_tqdm=False))
-        tracked = len(policy.tracked_ids)  # (num_tracked may be the fault)
+        tracked = len(policy.tracker.states)  # (num_tracked may be the fault)
     assert outputs == clean
     assert all(calls.values()), f"the workload must make each faulted call: {calls}"
     assert scheduler.meridian_policy_errors > errors_before

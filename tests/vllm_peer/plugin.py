@@ -81,11 +81,11 @@ def _check(scheduler: Any, where: str) -> None:
     if errors:
         record.violations.append(f"{where}: meridian_policy_errors = {errors}")
     policy = scheduler.meridian_policy
-    tracked = set(policy.tracked_ids) | set(scheduler._new_requests)
+    tracked = set(policy.tracker.states) | set(scheduler._new_requests)
     outliving = sorted(tracked - set(scheduler.requests))
     if outliving:
         record.violations.append(f"{where}: tracked after vLLM dropped them: {outliving}")
-    for rid in policy.tracked_ids:
+    for rid in policy.tracker.states:
         if policy.phase(rid) is Phase.THINK:
             record.reasoned.add(rid)
 

@@ -23,6 +23,7 @@ from typing import Literal
 import numpy as np
 
 from meridian.config.schema import SchedulerConfig
+from meridian.core.format import expects_reasoning
 from meridian.core.headroom import (
     MIN_REQUESTS_IN_CACHE,
     IntArray,
@@ -33,8 +34,8 @@ from meridian.core.headroom import (
     bounds_usable,
 )
 from meridian.core.interface import EngineRequest, PolicyStats, R
+from meridian.core.routing import Projection
 from meridian.core.state import RequestState, reasoned
-from meridian.core.types import Phase
 
 __all__ = ["ADMISSION_CANDIDATES", "Admission"]
 
@@ -102,10 +103,17 @@ class Admission:
         self._bounded = False
         self._projected = False
 
+    def wait_start(self, tracked_at: float | None, clock: Callable[[], float]) -> float:
+        """When a new request's wait for admission starts (``tracked_at``; ``None``: now): 0.0
+        when admission goes in the engine's order, which never reads the wait (no clock read)."""
+        if self.reasoning_first is None:
+            return 0.0
+        return clock() if tracked_at is None else tracked_at
+
     def finished(self, st: RequestState, num_output_tokens: int) -> None:
         """A request ran to its end after ``num_output_tokens``: its lengths teach the model."""
         think = st.num_think_tokens if reasoned(st) else None
-        rest = max(0, num_output_tokens - st.num_think_tokens)
+        rest = max(0, st.num_after_think(num_output_tokens))
         self.lengths.finished(think, rest, st.num_prompt_tokens)
 
     def waiting_order(self, waiting: Sequence[R], now: float) -> list[R] | None:
@@ -116,7 +124,7 @@ class Admission:
         reasoning_first = self.reasoning_first
         if reasoning_first is None or len(waiting) < 2:
             return None
-        states, think = self.states, Phase.THINK
+        states = self.states
         starved = now - self.max_wait_s
         ranks = []
         for request in waiting:
@@ -124,7 +132,7 @@ class Admission:
             if st is None or st.preempted or st.tracked_at <= starved:
                 ranks.append(0)
             else:
-                ranks.append(1 if (st.phase is think) is reasoning_first else 2)
+                ranks.append(1 if expects_reasoning(st.phase) is reasoning_first else 2)
         if all(a <= b for a, b in itertools.pairwise(ranks)):
             return None
         order = sorted(range(len(waiting)), key=ranks.__getitem__)
@@ -145,7 +153,7 @@ class Admission:
         if self._projected:
             blocks = lengths.expected_blocks(*self.progress([*running, *waiting]), bs)
             grown, candidates = blocks[: len(running)], blocks[len(running) :]
-            count = admissible(grown, candidates, num_blocks * (1.0 - self.reserve))
+            count = admissible(grown, candidates, self.peak_limit(num_blocks))
         else:
             run, wait = _bounds(running), _bounds(waiting)
             mean_bound = float(run[1].sum() + wait[1].sum()) / (len(running) + len(waiting))
@@ -158,6 +166,29 @@ class Admission:
         if count < len(waiting):
             self.stats.num_admissions_held += 1
         return count
+
+    def peak_limit(self, num_blocks: int) -> float:
+        """The blocks admission keeps the projected peak within, in a cache of ``num_blocks``:
+        the cache less the reserve."""
+        return num_blocks * (1.0 - self.reserve)
+
+    def projection(self, requests: Sequence[EngineRequest], num_blocks: int) -> Projection | None:
+        """The projection admission goes by for ``requests`` (running and waiting) in a cache of
+        ``num_blocks``, as a router reads it (``None`` where admission would not project): their
+        expected load, the peak limit, and how long a request just admitted, of each kind, is
+        expected to run."""
+        if self.mode != "headroom" or not self.projects(num_blocks):
+            return None
+        lengths = self.lengths
+        load = lengths.expected_blocks(*self.progress(requests), self.block_size).sum(axis=0)
+        fresh = lengths.survival([Kind.THINKING, Kind.CHAT], [0, 0])
+        return Projection(
+            grid=lengths.grid.copy(),
+            load=np.asarray(load, dtype=np.float64),
+            budget=self.peak_limit(num_blocks),
+            survival_reasoning=fresh[0],
+            survival_chat=fresh[1],
+        )
 
     def projects(self, num_blocks: int) -> bool:
         """Whether admission goes by the projection in a cache of ``num_blocks``: once enough
@@ -178,7 +209,7 @@ class Admission:
         kinds: list[int] = []
         progress: list[int] = []
         tokens: list[int] = []
-        states, output = self.states, Phase.OUTPUT
+        states = self.states
         for request in requests:
             num_tokens = request.num_tokens
             tokens.append(num_tokens)
@@ -187,10 +218,10 @@ class Admission:
                 kinds.append(Kind.THINKING)
                 progress.append(0)
                 continue
-            if st.phase is not output:
+            if expects_reasoning(st.phase):
                 kinds.append(Kind.THINKING)
                 progress.append(st.num_think_tokens)
             else:
                 kinds.append(Kind.ANSWERING if reasoned(st) else Kind.CHAT)
-                progress.append(num_tokens - st.num_prompt_tokens - st.num_think_tokens)
+                progress.append(st.num_after_think(num_tokens - st.num_prompt_tokens))
         return kinds, progress, tokens

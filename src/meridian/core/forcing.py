@@ -59,6 +59,7 @@ from meridian.core.state import (
     advance_many,
     integrity_problem,
     mark_forced,
+    set_thought,
     start,
 )
 from meridian.core.types import ForceReason, Phase
@@ -363,7 +364,7 @@ class ThinkForcer:
                 assert entropies is not None
                 observe(max(entropies[k], 0.0))
             if not cannot_fire(k, cap, probe):
-                st.num_think_tokens = st.num_generated_tokens = k
+                set_thought(st, k)
                 _, decision = self._next_token(row)
                 if decision is not None:
                     return k, decision.reason

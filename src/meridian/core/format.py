@@ -7,6 +7,9 @@ Granite's prose markers), matched across token boundaries and across steps by a 
 compiled once per distinct marker (cached): the per-request state is one int, and each token
 costs one dict lookup. Single-token markers take a fast path (an int compare, or one C-level
 ``in`` over a multi-token delta).
+
+A request's *kind* before it answers follows from that phase, in one place
+(:func:`expects_reasoning`): THINK and PREFILL are reasoning, OUTPUT is chat.
 """
 
 from __future__ import annotations
@@ -24,6 +27,18 @@ __all__ = ["MULTI", "Marker", "ReasoningFormat"]
 
 # ``Marker.single`` when the marker has several tokens (token ids are never negative).
 MULTI: Final = -1
+
+
+def expects_reasoning(phase: Phase) -> bool:
+    """Whether a request in ``phase``, before it answers, counts as reasoning: THINK, and PREFILL
+    (undecided: the model may open a think block itself, as every ``gpt_oss`` and ``granite_3_2``
+    request can); a request in OUTPUT from its start is chat. Ordering, admission and routing all
+    read a request's kind here.
+
+    >>> expects_reasoning(Phase.PREFILL), expects_reasoning(Phase.OUTPUT)
+    (True, False)
+    """
+    return phase is not Phase.OUTPUT
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,16 @@ GRID_POINTS = 48
 NUM_BUCKETS = 24
 
 FloatArray = npt.NDArray[np.float64]
+
+
+def kv_blocks(num_tokens: FloatArray, block_size: int) -> FloatArray:
+    """The KV blocks ``num_tokens`` tokens hold, as the headroom model counts them (the one
+    formula admission, replica stats and the router share): the tokens over the block size, plus
+    half a block (the partly filled last one)."""
+    blocks: FloatArray = num_tokens / block_size + 0.5
+    return blocks
+
+
 IntArray = npt.NDArray[np.int64]
 
 
@@ -258,21 +268,26 @@ class LengthModel:
             self._table, self.grid, self._since_build = _Table(complete), grid, 0
         return self._table
 
-    def expected_blocks(
-        self, kinds: Sequence[int], progress: Sequence[int], tokens: Sequence[int], block_size: int
-    ) -> FloatArray:
-        """Per request, the expected KV blocks it holds at each grid step from now
-        (``len(kinds) x GRID_POINTS``); a request's blocks are its tokens over the block size,
-        plus half a block (the partly filled last one)."""
+    def survival(self, kinds: Sequence[int], progress: Sequence[int]) -> FloatArray:
+        """Per request of ``kinds`` at ``progress``, the probability that it still runs at each
+        grid step from now (``len(kinds) x GRID_POINTS``)."""
         table = self._built()
         keys = np.asarray(kinds, dtype=np.int64) * _KIND_STRIDE + np.asarray(
             progress, dtype=np.int64
         )
         rows = table.row[np.searchsorted(table.keys, keys, side="right") - 1]
+        surv: FloatArray = table.surv[rows]
+        return surv
+
+    def expected_blocks(
+        self, kinds: Sequence[int], progress: Sequence[int], tokens: Sequence[int], block_size: int
+    ) -> FloatArray:
+        """Per request, the expected KV blocks it holds at each grid step from now
+        (``len(kinds) x GRID_POINTS``): :func:`kv_blocks` of its tokens by then, times the
+        chance it still runs."""
         c = np.asarray(tokens, dtype=np.float64)
-        blocks: FloatArray = ((c[:, None] + self.grid[None, :]) / block_size + 0.5) * table.surv[
-            rows
-        ]
+        survival = self.survival(kinds, progress)
+        blocks: FloatArray = kv_blocks(c[:, None] + self.grid[None, :], block_size) * survival
         return blocks
 
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from meridian.core.types import ForceReason, Phase, PhaseEvent
+from meridian.core.types import Phase, PhaseEvent
 
 __all__ = [
     "EngineRequest",
@@ -128,10 +128,10 @@ class PolicyStats:
 
     ``max_answer_gap_steps`` is the largest number of steps between two consecutive answer
     tokens of one request (1 = a token every step): a preempted or held answer stream shows here
-    as a stall. ``num_forced_inferred`` counts think phases that ended exactly at their hard cap
-    (plus the transition phrase), and requests that finished inside that force: hard-cap forces
-    as seen from the token stream (entropy-driven forces are known only to the forcing logits
-    processor). ``num_engine_order_steps`` counts
+    as a stall. ``num_forced_inferred`` counts hard-cap forces as seen from the token stream: think
+    phases that ended exactly at their hard cap (plus the transition phrase), and requests that
+    finished inside that force (entropy-driven forces are known only to the forcing logits
+    processor, so the hard cap is the one reason it can count). ``num_engine_order_steps`` counts
     the plans that kept the engine's order because no order could change the step.
     ``num_admissions_held`` counts the steps on which headroom admission held a waiting request
     back, ``num_bounded_holds`` those of them decided by the requests' bounds (prompt plus
@@ -151,9 +151,7 @@ class PolicyStats:
     num_answer_gaps_over_2: int = 0
     num_think_exits: int = 0
     think_tokens_total: int = 0
-    num_forced_inferred: dict[ForceReason, int] = field(
-        default_factory=lambda: dict.fromkeys(ForceReason, 0)
-    )
+    num_forced_inferred: int = 0
 
     def snapshot(self) -> dict[str, Any]:
         """A plain-dict copy (enum keys become their lower-case names or values)."""
@@ -171,5 +169,5 @@ class PolicyStats:
             "num_answer_gaps_over_2": self.num_answer_gaps_over_2,
             "num_think_exits": self.num_think_exits,
             "think_tokens_total": self.think_tokens_total,
-            "forced_inferred": {r.value: n for r, n in self.num_forced_inferred.items()},
+            "num_forced_inferred": self.num_forced_inferred,
         }

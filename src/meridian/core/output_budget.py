@@ -133,27 +133,29 @@ class OutputBudget:
     next plan.
     """
 
-    __slots__ = ("_plan_time", "_samples", "_timed", "capacity", "rows", "step_time", "tpot_s")
+    __slots__ = ("_samples", "_timed", "capacity", "rows", "step_time", "tpot_s")
 
     def __init__(self, setting: int | Literal["auto"] | None, tpot_s: float, capacity: int) -> None:
         self.rows: int | None = None if setting == "auto" else setting
         self.step_time = DecodeStepTime() if setting == "auto" else None
         self.tpot_s = tpot_s
         self.capacity = capacity
-        # (rows, plan time) of the last step if it was decode-only: a sample in the making.
-        self._timed: tuple[int, float] | None = None
+        # The rows of the last step if it was decode-only: a sample in the making.
+        self._timed: int | None = None
         self._samples: list[tuple[int, float]] = []
-        self._plan_time = 0.0  # when the last step was planned
 
-    def planned(self, now: float) -> bool:
-        """A step is being planned at ``now`` (ending the last one); whether ``rows`` changed."""
-        self._plan_time = now
+    def planned(self, took: float | None) -> bool:
+        """A step is being planned; the last one ``took`` seconds from plan to plan (``None``:
+        no step's time, the engine idled; the planner measures it once for every reader).
+        Whether ``rows`` changed."""
         timed = self._timed
         if timed is None:
             return False
         self._timed = None
+        if took is None:
+            return False
         samples = self._samples
-        samples.append((timed[0], now - timed[1]))
+        samples.append((timed, took))
         return len(samples) >= BUDGET_REFIT_STEPS and self._refit()
 
     def scheduled(self, num_rows: int, num_tokens: int) -> None:
@@ -161,7 +163,7 @@ class OutputBudget:
         ``num_tokens`` tokens."""
         if self.step_time is not None:
             decode_only = num_rows > 0 and num_tokens == num_rows
-            self._timed = (num_rows, self._plan_time) if decode_only else None
+            self._timed = num_rows if decode_only else None
 
     def idle(self) -> None:
         """The engine has nothing to run: the time until the next step is no step's time."""

@@ -139,10 +139,6 @@ class Planner:
             self._kept.order = ()
         self.output_budget.scheduled(num_rows, num_tokens)
 
-    def budget_changed(self) -> None:
-        """The output budget changed: the next step is planned anew."""
-        self._dirty = True
-
     def preempted(self, request_id: str) -> None:
         """A running request was preempted (it leaves the running set)."""
         self.queues.remove(request_id)
@@ -169,15 +165,17 @@ class Planner:
         KV block count. Steps where nothing that matters changed keep the previous order and
         return ``running`` itself as the order (``stats.num_reordered_steps`` counts the
         others)."""
+        # The last step's time, plan to plan (None after an idle spell): measured here once, for
+        # the output budget's fit and the answer pacer.
         now = self.clock()
-        if self.output_budget.planned(now):
+        took = None if self._idle else now - self.plan_time
+        self._idle = False
+        self.plan_time = now
+        if self.output_budget.planned(took):
             self._dirty = True
         pacer = self.pacer
-        if pacer is not None:
-            if not self._idle:
-                pacer.step_took(now - self.plan_time)
-            self._idle = False
-        self.plan_time = now
+        if pacer is not None and took is not None:
+            pacer.step_took(took)
         stats = self.stats
         stats.num_plans += 1
         order: Sequence[R] = running

@@ -14,11 +14,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-import numpy as np
-
-from meridian.core.headroom import Kind
 from meridian.core.policy import EngineRequest, MeridianPolicy
-from meridian.core.routing import Projection, ReplicaStats
+from meridian.core.routing import ReplicaStats
 from meridian.core.types import Phase
 
 __all__ = ["ReplicaStatsRecorder"]
@@ -65,28 +62,5 @@ class ReplicaStatsRecorder:
             num_kv_blocks_used=num_kv_blocks_used,
             block_size=policy.block_size,
             step_time_s=self.step_time_s,
-            projection=_projection(policy, [*running, *waiting], num_kv_blocks),
+            projection=policy.admission.projection([*running, *waiting], num_kv_blocks),
         )
-
-
-def _projection(
-    policy: MeridianPolicy, requests: Sequence[EngineRequest], num_kv_blocks: int
-) -> Projection | None:
-    """The replica's headroom projection, where its admission would use one."""
-    admission, block_size = policy.admission, policy.block_size
-    lengths = admission.lengths
-    if admission.mode != "headroom" or not admission.projects(num_kv_blocks):
-        return None
-    # A request just admitted, of each kind, with no tokens of its own: its blocks are
-    # ((0 + g) / block_size + 0.5) * P(still running at g), which gives the survival.
-    fresh = lengths.expected_blocks([Kind.THINKING, Kind.CHAT], [0, 0], [0, 0], block_size)
-    grid = lengths.grid.copy()
-    survival = fresh / (grid / block_size + 0.5)
-    load = lengths.expected_blocks(*admission.progress(requests), block_size).sum(axis=0)
-    return Projection(
-        grid=grid,
-        load=np.asarray(load, dtype=np.float64),
-        budget=num_kv_blocks * (1.0 - admission.reserve),
-        survival_reasoning=survival[0],
-        survival_chat=survival[1],
-    )

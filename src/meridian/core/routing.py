@@ -42,8 +42,11 @@ so without this it would draw the traffic. When every replica has failed, a requ
 when none fits.
 
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
-(:meth:`~meridian.core.format.ReasoningFormat.initial_phase`): ``Phase.OUTPUT`` is a chat request,
-``THINK`` and ``PREFILL`` (the model may open a think block itself) are reasoning.
+(:func:`~meridian.core.format.expects_reasoning`, over
+:meth:`~meridian.core.format.ReasoningFormat.initial_phase`).
+
+Length: the stats a replica reports (:class:`ReplicaStats`, read and checked from JSON) and the
+policy that reads them change together; apart, every new field would touch two modules.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from meridian.core.format import expects_reasoning
+from meridian.core.headroom import kv_blocks
 from meridian.core.types import Phase
 from meridian.errors import ConfigError, MeridianError
 
@@ -98,7 +103,7 @@ class NewRequest:
     @property
     def reasoning(self) -> bool:
         """Whether it is expected to think (it does not start answering)."""
-        return self.phase is not Phase.OUTPUT
+        return expects_reasoning(self.phase)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -127,7 +132,7 @@ class Projection:
         if request.max_tokens is not None:
             survival = np.where(self.grid <= request.max_tokens, survival, 0.0)
             generated = np.minimum(generated, float(request.max_tokens))
-        blocks: FloatArray = ((request.num_prompt_tokens + generated) / block_size + 0.5) * survival
+        blocks: FloatArray = kv_blocks(request.num_prompt_tokens + generated, block_size) * survival
         return blocks
 
     def aged(self, steps: float) -> FloatArray:

@@ -63,6 +63,7 @@ __all__ = [
     "integrity_problem",
     "mark_forced",
     "reasoned",
+    "set_thought",
     "start",
     "thinks_on",
 ]
@@ -108,6 +109,23 @@ class RequestState:
     tracked_at: float = 0.0
     preempted: bool = False
     readmitted_step: int | None = None
+
+    def num_after_think(self, num_output_tokens: int) -> int:
+        """Of the ``num_output_tokens`` the request generated (the engine's count), those after
+        its think tokens: boundary markers and answer (what the length model calls the rest).
+
+        NOTE: the engine's count, not ``num_output_tokens`` here: once a request answers, its
+        tokens are no longer fed through :func:`advance` (a phase never changes again; the
+        tracker counts answer streams in bulk), so this state's own output count stops there.
+        """
+        return num_output_tokens - self.num_think_tokens
+
+    def num_answer_tokens(self, num_output_tokens: int) -> int:
+        """Of the ``num_output_tokens`` the request generated (the engine's count), its answer
+        tokens: neither think nor boundary-marker tokens, nor tokens still deciding a PREFILL
+        request's phase."""
+        pending = self.marker_progress if self.phase is PREFILL else 0
+        return max(0, self.num_after_think(num_output_tokens) - self.num_marker_tokens - pending)
 
     @property
     def num_reasoning_tokens(self) -> int:
@@ -249,6 +267,14 @@ def advance(st: RequestState, toks: Sequence[int]) -> Sequence[PhaseEvent]:
         return (exit_event,) if events is None else (*events, exit_event)
     st.num_output_tokens += n - i
     return NO_EVENTS if events is None else tuple(events)
+
+
+def set_thought(st: RequestState, num_think_tokens: int) -> None:
+    """Set a THINK request that has generated only think tokens to ``num_think_tokens`` of them
+    (the forcer's replay jumps from one decision to the next)."""
+    if st.phase is not THINK or st.num_generated_tokens != st.num_think_tokens:
+        raise PhaseError(f"set_thought({st.request_id!r}): not a request that has only thought")
+    st.num_think_tokens = st.num_generated_tokens = num_think_tokens
 
 
 def mark_forced(st: RequestState, reason: ForceReason) -> None:

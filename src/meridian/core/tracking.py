@@ -24,11 +24,13 @@ engine steps shaped to take each way). Length: the three ways are one observe pa
 state; they are kept together so that the fast ways cannot drift from the general one.
 
 Answer tokens are not fed to :func:`~meridian.core.state.advance`: a phase never changes once a
-request answers; their counts are the engine's (:meth:`Tracker.tokens_by_phase`).
+request answers; their count is the engine's, read through
+:meth:`RequestState.num_answer_tokens <meridian.core.state.RequestState.num_answer_tokens>`.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
@@ -62,6 +64,10 @@ __all__ = ["GAP_HISTORY_STEPS", "Tracker", "UntrackedRequestsError"]
 # longer than that is counted in steps, not timed).
 GAP_HISTORY_STEPS = 4096
 _NO_STREAMS: frozenset[str] = frozenset()
+
+
+#: Set to 1, every step is observed the general way (the fast ways' oracle).
+ENV_PLAIN_PATHS = "MERIDIAN_PLAIN_PATHS"
 
 
 class UntrackedRequestsError(KeyError):
@@ -117,7 +123,10 @@ class Tracker:
         # the same requests got tokens two steps running (a one-token think_end only).
         self._last_rows: list[str] | None = None
         self._rows: SteadyRows | None = None
-        self._think_end = fmt.single_think_end
+        # $MERIDIAN_PLAIN_PATHS=1: every step the general way (never armed, never steady): the
+        # oracle the fast ways are tested against, and a switch to rule them out in the field.
+        self.plain = os.environ.get(ENV_PLAIN_PATHS, "") == "1"
+        self._think_end = None if self.plain else fmt.single_think_end
 
     # -- the table ------------------------------------------------------------------------------
 
@@ -176,11 +185,6 @@ class Tracker:
             if self.listener is not None:
                 self.listener.requests_finished([st.request_id for st, _ in gone])
 
-    def state(self, request_id: str) -> RequestState:
-        """A tracked request's live state, its counts up to date."""
-        self.settle()
-        return self.states[request_id]
-
     def settle(self) -> None:
         """Bring the counts of thinking rows counted in bulk up to date (before reading any)."""
         if self._rows is not None:
@@ -199,9 +203,7 @@ class Tracker:
         st = self.states.get(request_id)
         if st is None:
             return None
-        pending = st.marker_progress if st.phase is PREFILL else 0
-        think = st.num_think_tokens
-        return think, max(0, num_output_tokens - think - st.num_marker_tokens - pending)
+        return st.num_think_tokens, st.num_answer_tokens(num_output_tokens)
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first request whose state is inconsistent."""
@@ -230,9 +232,13 @@ class Tracker:
         pass a lazy sequence). An untracked request does not stop the others: the step is
         accounted, then :class:`UntrackedRequestsError` names it."""
         served = self.served
-        if self.served_step == step - 1 and (
-            request_ids == self._served_ids  # (the same list: a sweep of pointer compares)
-            or (len(request_ids) == len(served) and self._same_streams(request_ids))
+        if (
+            self.served_step == step - 1
+            and not self.plain
+            and (
+                request_ids == self._served_ids  # (the same list: a sweep of pointer compares)
+                or (len(request_ids) == len(served) and self._same_streams(request_ids))
+            )
         ):
             # The steady way: exactly the answer streams served in the step before.
             self._served_again(step, len(served))
@@ -403,7 +409,7 @@ class Tracker:
             == max(cap, st.num_prompt_think_tokens) + self.transition_len
         )
         if forced:
-            stats.num_forced_inferred[HARD_CAP] += 1
+            stats.num_forced_inferred += 1
         listener = self.listener
         if listener is not None:
             if forced and listener.phase_events:
@@ -429,7 +435,7 @@ class Tracker:
     def _on_force_cut_short(self, st: RequestState) -> None:
         """A request finished inside its hard-cap force (:meth:`_inside_force`): counted as the
         force it was, since no think exit will count it."""
-        self.stats.num_forced_inferred[HARD_CAP] += 1
+        self.stats.num_forced_inferred += 1
         listener = self.listener
         if listener is not None:
             if listener.phase_events:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meridian.config.schema import MeridianConfig
-from meridian.core.interface import Plan, R, output_budget_setting
+from meridian.core.interface import Plan, R
 from meridian.core.policy import MeridianPolicy, TrackingPolicy
 from meridian.core.types import Phase
 from meridian.errors import MeridianError
@@ -174,14 +174,12 @@ class _CorePolicy(SimPolicy):
 
     def setup(self, engine: Engine) -> None:
         cfg = engine.config
-        self._core = self.policy_class(
+        self._core = self.policy_class.from_config(
             SIM_FORMAT,
             self.config.scheduler,
             block_size=cfg.block_size_tokens,
             capacity=cfg.max_num_seqs,
-            output_budget=output_budget_setting(self.config.scheduler.output_budget_rows),
             clock=lambda: engine.now_ns / 1e9,
-            admission=self.config.scheduler.admission,
             max_step_tokens=cfg.max_num_batched_tokens,
         )
 

@@ -7,9 +7,11 @@ logged once per hook and error type with its context (later ones are counted, an
 debug level), and the step goes on with vLLM's stock behaviour (the caller's ``except`` or the
 ``with`` block ends there). :class:`FailOpen` is that one mechanism for both.
 
-On the per-step hot path a plain ``try``/``except`` that calls :meth:`FailOpen.error` costs
-nothing when nothing raises; elsewhere ``with fail_open("hook", request_id):`` (an object, not a
-generator: cheaper on a per-request path) also times the block into the adapter's overhead.
+Every guarded block goes through one object, :class:`Guard`: ``with fail_open(hook, ...)``
+fails open and, given the counters (``timed``) and a field, adds the block's time to it; with
+no :class:`FailOpen` (:meth:`Guard.time`) it only times (vLLM's own part of a hook). On the
+per-step path a guard built once runs a call (:meth:`Guard.run`): a ``with`` costs twice the
+Python calls.
 """
 
 from __future__ import annotations
@@ -17,17 +19,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 from meridian.telemetry.metrics import MeridianMetrics
 
-__all__ = ["FailOpen", "Timed"]
+__all__ = ["FailOpen", "Guard"]
 
-
-class Timed(Protocol):
-    """Where a guarded block's time goes (the scheduler's overhead counters)."""
-
-    update_overhead_s: float
+T = TypeVar("T")
 
 
 class FailOpen:
@@ -88,35 +86,85 @@ class FailOpen:
         )
 
     def __call__(
-        self, hook: str, request_id: str | None = None, timed: Timed | None = None
-    ) -> _Guarded:
+        self,
+        hook: str,
+        request_id: str | None = None,
+        timed: object | None = None,
+        field: str = "update_overhead_s",
+    ) -> Guard:
         """``with fail_open(hook):``: the block fails open; with ``timed``, its time is added to
-        ``timed.update_overhead_s``."""
-        return _Guarded(self, hook, request_id, timed)
+        ``timed.<field>``."""
+        return Guard(self, hook, request_id, timed, field)
 
 
-class _Guarded:
-    """One guarded block (see :meth:`FailOpen.__call__`)."""
+class Guard:
+    """One guarded block: timed into ``timed.<field>`` (if ``timed``), failing open through
+    ``fail_open`` (if one; without, exceptions propagate). ``net_of`` names a field of ``timed``
+    whose growth inside the block is Meridian's, not the block's: it is taken out.
 
-    __slots__ = ("fail_open", "hook", "request_id", "start", "timed")
+    (An object with slots, not a generator: cheaper on the per-step path.)
+    """
+
+    __slots__ = ("before", "fail_open", "field", "hook", "net_of", "request_id", "start", "timed")
 
     def __init__(
-        self, fail_open: FailOpen, hook: str, request_id: str | None, timed: Timed | None
+        self,
+        fail_open: FailOpen | None,
+        hook: str,
+        request_id: str | None,
+        timed: object | None,
+        field: str,
+        net_of: str | None = None,
     ) -> None:
         self.fail_open = fail_open
         self.hook = hook
         self.request_id = request_id
         self.timed = timed
-        self.start = 0.0
+        self.field = field
+        self.net_of = net_of
+        self.start = self.before = 0.0
+
+    @classmethod
+    def time(cls, timed: object, field: str, net_of: str | None = None) -> Guard:
+        """Only time the block into ``timed.<field>`` (exceptions propagate)."""
+        return cls(None, "", None, timed, field, net_of)
+
+    def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        """``fn(*args, **kwargs)`` guarded as a ``with`` block would be (``None`` if it failed
+        open). Cheaper than ``with`` on the per-step path (one call, not two), and reentrant: a
+        guard built once serves every step."""
+        timed, net_of = self.timed, self.net_of
+        before = getattr(timed, net_of) if net_of is not None else 0.0
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if self.fail_open is None:
+                raise
+            self.fail_open.error(self.hook, exc, self.request_id)
+            return None
+        finally:
+            if timed is not None:
+                elapsed = time.perf_counter() - start
+                if net_of is not None:
+                    elapsed -= getattr(timed, net_of) - before
+                setattr(timed, self.field, getattr(timed, self.field) + elapsed)
 
     def __enter__(self) -> None:
-        if self.timed is not None:
+        timed = self.timed
+        if timed is not None:
+            if self.net_of is not None:
+                self.before = getattr(timed, self.net_of)
             self.start = time.perf_counter()
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if self.timed is not None:
-            self.timed.update_overhead_s += time.perf_counter() - self.start
-        if isinstance(exc, Exception):
+        timed = self.timed
+        if timed is not None:
+            elapsed = time.perf_counter() - self.start
+            if self.net_of is not None:
+                elapsed -= getattr(timed, self.net_of) - self.before
+            setattr(timed, self.field, getattr(timed, self.field) + elapsed)
+        if self.fail_open is not None and isinstance(exc, Exception):
             self.fail_open.error(self.hook, exc, self.request_id)
             return True  # fail open
         return False

@@ -227,24 +227,23 @@ class _ProcessorCore:
         self.fail_open.error(where, exc)
 
 
-def _validate_params(sampling_params: Any) -> None:
+class _ValidatesKnobs:
     """Both processors' ``validate_params``: reject bad ``meridian_*`` extra_args at admission
     (a ``ValueError``: HTTP 400 for that request). The front doors check the same knobs as sent
     (:func:`meridian.vllm.http.check_knobs`)."""
-    parse_request_budget(getattr(sampling_params, "extra_args", None))
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        parse_request_budget(getattr(sampling_params, "extra_args", None))
 
 
-class MeridianLogitsProcessor(LogitsProcessor):
+class MeridianLogitsProcessor(_ValidatesKnobs, LogitsProcessor):
     """V1-interface processor (``vllm.v1.sample.logits_processor``), the CPU runner's.
 
     State per persistent-batch index: a key into the :class:`ThinkForcer`, whose output view
     is the request's live output-token list (``BatchUpdate.added``). Batch updates are applied
     in vLLM's documented order: removed, added, moved.
     """
-
-    @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        _validate_params(sampling_params)
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
         self.core = _ProcessorCore(runtime_from_vllm_config(vllm_config))
@@ -401,7 +400,7 @@ except ImportError:  # pragma: no cover - vLLM builds without the V2 runner
 
 if _V2LogitsProcessor is not None:
 
-    class MeridianLogitsProcessorV2(_V2LogitsProcessor):
+    class MeridianLogitsProcessorV2(_ValidatesKnobs, _V2LogitsProcessor):
         """V2-interface processor (``vllm.v1.worker.gpu.sample.logits_processor``).
 
         V2 hands processors no token lists: the committed tokens live on the device in
@@ -423,10 +422,6 @@ if _V2LogitsProcessor is not None:
         ones leave no trace). Rows of a request still prefilling (no token sampled) and
         placeholder drafts (``-1``) are left untouched.
         """
-
-        @classmethod
-        def validate_params(cls, sampling_params: Any) -> None:
-            _validate_params(sampling_params)
 
         def __init__(self, vllm_config: Any, req_states: Any) -> None:
             super().__init__(vllm_config, req_states)

@@ -2,39 +2,27 @@
 """Meridian's vLLM scheduler: a thin adapter of vLLM's ``Scheduler`` over the core policy.
 
 Select it with ``--scheduler-cls meridian.vllm.scheduler.MeridianScheduler`` (or
-``MeridianAsyncScheduler`` where vLLM schedules asynchronously, the GPU default). The pair
-follows vLLM's own ``DiffusionScheduler``/``DiffusionAsyncScheduler`` pattern: the sync class
-holds all the logic, the async one only mixes in ``AsyncScheduler``.
+``MeridianAsyncScheduler``, the GPU default's asynchronous form; the pair follows vLLM's
+``DiffusionScheduler``/``DiffusionAsyncScheduler``). Every decision is
+:class:`~meridian.core.policy.MeridianPolicy`'s, the object the simulator drives; this class
+connects it to narrow vLLM hooks and never copies ``schedule()``:
 
-Every decision is :class:`~meridian.core.policy.MeridianPolicy`'s, the same object the simulator
-drives; this class only connects it to a few narrow vLLM hooks and never copies ``schedule()``:
-
-- ``add_request`` / ``_free_request``: the policy starts (in a batch, at the next
-  ``schedule``) / stops tracking the request (every finished or aborted request passes through
-  ``_free_request``);
-- ``schedule``: before ``super().schedule()``, ``self.running`` is set to the plan's order
-  (vLLM serves it from the front and its FCFS preemption takes ``running[-1]``, the policy's
-  first-choice victim) and the plan's skipped requests get ``next_decode_eligible_step``;
-  afterwards the policy learns the step's shape (decode-only steps time the output budget);
-- ``update_from_output``: the step's new tokens, read from the outputs it returns (after
-  vLLM's stop checks), go to the policy in one batch; under speculative decoding, the draft
-  tokens vLLM verified for each request (``make_spec_decoding_stats``, which vLLM calls there
-  for a request with drafts only) are counted by the phase the request was in;
+- ``add_request`` / ``_free_request``: the policy starts (in a batch, at the next ``schedule``) /
+  stops tracking the request;
+- ``schedule``: ``self.running`` is put in the plan's order (vLLM serves it from the front; its
+  FCFS victim ``running[-1]`` is the policy's first choice), skipped requests get
+  ``next_decode_eligible_step``, the waiting head is reordered and admission capped; afterwards
+  the policy learns the step's shape;
+- ``update_from_output``: the step's new tokens (after vLLM's stop checks) go to the policy in
+  one batch; verified draft tokens (``make_spec_decoding_stats``) are counted by phase;
 - ``_preempt_request``: the policy counts the preemption by phase.
 
-Fail open (:mod:`meridian.vllm.failopen`): an exception in Meridian's code is logged once per
-hook and error type with its context, counted (``meridian_policy_errors``), and the step runs
-with vLLM's stock order. Only configuration errors found at start-up (a non-FCFS policy, a bad
-meridian.toml, a named model family that does not fit the tokenizer) stop the engine, with a
-clear message. What the adapter reports goes through :mod:`meridian.vllm.publishing`.
-
-The hooks are short, but each carries its fail-open and its timing (Meridian's time against
-vLLM's is measured here), which is why the module is longer than the hooks' logic.
-
-The scheduler runs in the engine-core process; it derives everything from the token stream and
-``$MERIDIAN_CONFIG``/``$MERIDIAN_MODEL`` (:mod:`meridian.vllm.runtime`). The simulator builds
-it with the ``meridian_runtime`` and ``meridian_clock`` keywords instead (its config and
-model, and virtual time).
+Every hook runs through one guard (:meth:`MeridianScheduler._guarded`,
+:class:`~meridian.vllm.failopen.Guard`): an exception in Meridian's code fails open (logged
+once per hook and type, counted, vLLM's stock behaviour for the step) and the block's time is
+Meridian's overhead. Only start-up configuration errors stop the engine. Configuration comes
+from ``$MERIDIAN_CONFIG``/``$MERIDIAN_MODEL`` (:mod:`meridian.vllm.runtime`); the simulator
+passes ``meridian_runtime`` and ``meridian_clock`` (virtual time) instead.
 """
 
 from __future__ import annotations
@@ -63,7 +51,7 @@ from meridian.core.policy import (
 from meridian.errors import ConfigError
 from meridian.telemetry.metrics import MeridianMetrics
 from meridian.telemetry.otel import make_tracer
-from meridian.vllm.failopen import FailOpen
+from meridian.vllm.failopen import FailOpen, Guard
 from meridian.vllm.publishing import AdapterStats, MetricsListener, Publisher
 from meridian.vllm.replica_state import ReplicaStateWriter
 from meridian.vllm.runtime import MeridianRuntime, output_budget_rows, runtime_from_vllm_config
@@ -86,6 +74,8 @@ _COMPLETED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_L
 # host-tier eviction policy (meridian.vllm.offload.ReasoningFirstPolicy) reads it to tell prompt
 # blocks from generated ones. vLLM's scheduler only reads "do_remote_prefill" there.
 PROMPT_TOKENS_KEY = "meridian_prompt_tokens"
+# The AdapterStats fields a guarded hook's time goes to.
+SCHEDULE, UPDATE = "schedule_overhead_s", "update_overhead_s"
 
 
 class MeridianScheduler(Scheduler):
@@ -134,17 +124,16 @@ class MeridianScheduler(Scheduler):
             # vLLM stamps arrival_time with time.time(); the simulator passes its clock.
             time.time if meridian_clock is time.perf_counter else meridian_clock,
         )
-        self.meridian_policy = self.policy_class(
+        self.meridian_policy = self.policy_class.from_config(
             self.meridian.format,
             config.scheduler,
             block_size=self.block_size,
             capacity=self.max_num_running_reqs,
-            output_budget=output_budget_rows(config.scheduler.output_budget_rows),
             clock=meridian_clock,
+            max_step_tokens=self._max_step_tokens(),
             transition_len=len(self.meridian.transition_ids),
             listener=self._listener,
-            admission=config.scheduler.admission,
-            max_step_tokens=self._step_token_budget(),
+            output_budget=output_budget_rows(config.scheduler.output_budget_rows),
         )
         self.meridian_overhead = AdapterStats()
         self.meridian_fail_open = FailOpen(
@@ -153,6 +142,14 @@ class MeridianScheduler(Scheduler):
             "scheduler",
             context=lambda: f"step={self.current_step} running={len(self.running)}",
         )
+        # The per-step guards, built once (Guard.run is reentrant): Meridian's part of schedule()
+        # and of update_from_output(), and vLLM's own (less Meridian's hooks inside it: drafts,
+        # preemptions).
+        fail_open, overhead = self.meridian_fail_open, self.meridian_overhead
+        self._schedule_guard = Guard(fail_open, "schedule", None, overhead, SCHEDULE)
+        self._update_guard = Guard(fail_open, "update_from_output", None, overhead, UPDATE)
+        self._stock_schedule = Guard.time(overhead, "stock_schedule_s")
+        self._stock_update = Guard.time(overhead, "stock_update_s", net_of=UPDATE)
         # Bytes of one KV block (all layers), for meridian_kv_used_bytes.
         kv_config = self.kv_cache_config
         capacity = sum(int(t.size) for t in kv_config.kv_cache_tensors)
@@ -184,7 +181,7 @@ class MeridianScheduler(Scheduler):
             self.meridian_reorders,
         )
 
-    def _step_token_budget(self) -> int | None:
+    def _max_step_tokens(self) -> int | None:
         """The tokens one step can schedule, for the policy's lazy order; ``None`` (plan every
         change) where a request can need more than its own new tokens: speculative decoding
         (draft slots, lookahead blocks) and models with several KV cache groups."""
@@ -211,6 +208,14 @@ class MeridianScheduler(Scheduler):
         self._track_new()
         return self.meridian_policy.num_tracked
 
+    def _guarded(
+        self, hook: str, request_id: str | None = None, field: str | None = UPDATE
+    ) -> Guard:
+        """``with self._guarded(hook):``: the block fails open and its time goes to
+        ``meridian_overhead.<field>`` (``None``: not timed, for a block cheaper than a timer)."""
+        timed = self.meridian_overhead if field is not None else None
+        return Guard(self.meridian_fail_open, hook, request_id, timed, field or "")
+
     # -- vLLM hooks -----------------------------------------------------------------------
 
     def add_request(self, request: Any) -> None:
@@ -222,90 +227,41 @@ class MeridianScheduler(Scheduler):
             }
         super().add_request(request)
         if is_new:
-            # Tracked in a batch at the next schedule() (_track_new), on the clock of now
-            # (None: the policy's clock failed; track() then reads it itself). One clock read,
-            # not timed: a timed guard would cost many times the read it times.
+            # Tracked in a batch at the next schedule() (_track_new), on the clock of now (None:
+            # the clock failed; track() reads it itself). One clock read, not worth a timer.
             added_at = None
-            try:  # fail open (the plain form)
+            with self._guarded("add_request", request.request_id, None):
                 added_at = self.meridian_policy.clock()
-            except Exception as exc:
-                self.meridian_fail_open.error("add_request", exc, request.request_id)
             self._new_requests[request.request_id] = (request, added_at)
 
     def _track_new(self) -> None:
         """The policy starts tracking the requests added since the last step, in one batch (a
-        burst of arrivals then runs the tracking code once, hot, not once per request)."""
+        burst of arrivals runs the tracking code once, hot)."""
         new = self._new_requests
         if not new:
             return
         self._new_requests = {}
-        track = self.meridian_policy.track
-        with self.meridian_fail_open("add_request", timed=self.meridian_overhead):
+        track, budget_of = self.meridian_policy.track, self.meridian.request_budget
+        with self._guarded("add_request"):
             for rid, (request, added_at) in new.items():
-                try:  # fail open for this request, track the others
+                with self._guarded("add_request", rid, None):  # this request fails alone
                     try:
-                        budget = self.meridian.request_budget(request.sampling_params)
+                        budget = budget_of(request.sampling_params)
                     except ValueError:
-                        # The logits processor rejects such requests at admission; here the
-                        # knob only feeds the inferred-force counter: a bad value is not used.
+                        # The logits processor rejects such requests at admission; here the knob
+                        # only feeds the inferred-force counter: a bad value is not used.
                         budget = None
-                    track(
-                        rid,
-                        request.prompt_token_ids,
-                        request.output_token_ids,
-                        budget,
-                        tracked_at=added_at,
-                    )
-                except Exception as exc:
-                    self.meridian_fail_open.error("add_request", exc, rid)
+                    track(rid, request.prompt_token_ids, request.output_token_ids, budget, added_at)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._new_requests:  # (checked here too: a call less on most steps)
             self._track_new()  # timed as update-side overhead, like the tracking it batches
-        overhead = self.meridian_overhead
-        start = time.perf_counter()
         active_cap = self.max_num_active_reqs
         if self.meridian_reorders:
-            try:  # fail open (the plain form, on this per-step path)
-                pool = self.kv_cache_manager.block_pool
-                step = self.current_step + 1  # schedule() increments current_step first
-                plan = self.meridian_policy.plan(self.running, step, pool.get_num_free_blocks())
-                if plan.order is not self.running:
-                    self.running[:] = plan.order
-                for request in plan.skip:
-                    # schedule() skips a request while current_step < next_decode_eligible_step.
-                    request.next_decode_eligible_step = max(
-                        request.next_decode_eligible_step, step + 1
-                    )
-                waiting = self.waiting
-                if waiting:
-                    head = list(itertools.islice(waiting, ADMISSION_CANDIDATES))
-                    if isinstance(waiting, deque):  # FCFS; a priority queue keeps its order
-                        order = self.meridian_policy.waiting_order(head)
-                        if order is not None:
-                            for _ in head:
-                                waiting.popleft()
-                            waiting.extendleft(reversed(order))
-                            head = order
-                    # vLLM starts the requests that hold KV blocks (kv_holding_waiting: async
-                    # KV loads, paused streaming sessions) before the waiting queue.
-                    holding = self.kv_holding_waiting
-                    candidates = [*holding, *head] if holding else head
-                    allowed = self.meridian_policy.admissions(
-                        self.running, candidates, pool.num_gpu_blocks - 1
-                    )
-                    if allowed is not None:
-                        # vLLM admits while len(running) plus its paused streaming sessions is
-                        # below max_num_active_reqs: for this call.
-                        self.max_num_active_reqs = min(
-                            active_cap,
-                            len(self.running) + self.num_waiting_for_streaming_input + allowed,
-                        )
-            except Exception as exc:
-                self.meridian_fail_open.error("schedule", exc)
+            self._schedule_guard.run(self._apply_plan, active_cap)
+        overhead = self.meridian_overhead
         overhead.num_steps += 1
-        stock_start = time.perf_counter()
-        overhead.schedule_overhead_s += stock_start - start
+        stock = self._stock_schedule
         try:
             if self.meridian_tracer.enabled:
                 with self.meridian_tracer.step_span(
@@ -313,91 +269,105 @@ class MeridianScheduler(Scheduler):
                     num_running=len(self.running),
                     num_waiting=len(self.waiting),
                 ):
-                    output = super().schedule(*args, **kwargs)
+                    output = stock.run(super().schedule, *args, **kwargs)
             else:
-                output = super().schedule(*args, **kwargs)
+                output = stock.run(super().schedule, *args, **kwargs)
         finally:
             self.max_num_active_reqs = active_cap
-        overhead.stock_schedule_s += time.perf_counter() - stock_start
         if self.meridian_step_log is not None:
-            with self.meridian_fail_open("step_log"):
+            with self._guarded("step_log", field=None):
                 self.meridian_step_log.scheduled(output, self.requests)
         tokens = int(getattr(output, "total_num_scheduled_tokens", 0))
         overhead.num_scheduled_tokens += tokens
         if self.meridian_reorders:
             rows = len(getattr(output, "num_scheduled_tokens", ()))
-            on_step = time.perf_counter()
-            try:  # fail open (the plain form, on this per-step path)
-                self.meridian_policy.on_step(rows, tokens)
-            except Exception as exc:
-                self.meridian_fail_open.error("schedule", exc)
-            overhead.schedule_overhead_s += time.perf_counter() - on_step
+            self._schedule_guard.run(self.meridian_policy.on_step, rows, tokens)
         return output
 
+    def _apply_plan(self, active_cap: int) -> None:
+        """Put ``running`` in the plan's order, defer the skipped requests one step, reorder the
+        waiting head and cap this step's admissions (``max_num_active_reqs``)."""
+        policy = self.meridian_policy
+        pool = self.kv_cache_manager.block_pool
+        step = self.current_step + 1  # schedule() increments current_step first
+        plan = policy.plan(self.running, step, pool.get_num_free_blocks())
+        if plan.order is not self.running:
+            self.running[:] = plan.order
+        for request in plan.skip:
+            # schedule() skips a request while current_step < next_decode_eligible_step.
+            request.next_decode_eligible_step = max(request.next_decode_eligible_step, step + 1)
+        waiting = self.waiting
+        if not waiting:
+            return
+        head = list(itertools.islice(waiting, ADMISSION_CANDIDATES))
+        if isinstance(waiting, deque):  # FCFS; a priority queue keeps its order
+            order = policy.waiting_order(head)
+            if order is not None:
+                for _ in head:
+                    waiting.popleft()
+                waiting.extendleft(reversed(order))
+                head = order
+        # vLLM starts the requests that hold KV blocks (kv_holding_waiting: async KV loads,
+        # paused streaming sessions) before the waiting queue.
+        holding = self.kv_holding_waiting
+        candidates = [*holding, *head] if holding else head
+        allowed = policy.admissions(self.running, candidates, pool.num_gpu_blocks - 1)
+        if allowed is not None:
+            # vLLM admits while len(running) plus its paused streaming sessions is below
+            # max_num_active_reqs: for this call.
+            self.max_num_active_reqs = min(
+                active_cap, len(self.running) + self.num_waiting_for_streaming_input + allowed
+            )
+
     def update_from_output(self, *args: Any, **kwargs: Any) -> Any:
-        overhead = self.meridian_overhead
-        start, ours_before = time.perf_counter(), overhead.update_overhead_s
         self._freed = []
         outputs = None
         try:
-            outputs = super().update_from_output(*args, **kwargs)
+            outputs = self._stock_update.run(super().update_from_output, *args, **kwargs)
             return outputs
         finally:
-            self._observe_step(outputs)
+            if outputs:
+                self._update_guard.run(self._observe_step, outputs)
             freed, self._freed = self._freed, None
             if freed:
                 self._untrack(*freed)
             idle = not self.has_unfinished_requests()
             if idle:
-                with self.meridian_fail_open("on_idle", timed=self.meridian_overhead):
+                with self._guarded("on_idle"):
                     self.meridian_policy.on_idle()  # idle until the next request: no step time
                     if self.meridian_step_log is not None:
                         self.meridian_step_log.idle()
-            ours = overhead.update_overhead_s - ours_before
-            overhead.stock_update_s += time.perf_counter() - start - ours
             self._publisher.step_done(self.running, idle)  # idle: a publish (the gauges go to 0)
 
-    def _observe_step(self, outputs: dict[int, Any] | None) -> None:
+    def _observe_step(self, outputs: dict[int, Any]) -> None:
         """Feed the step's new tokens to the policy in one batch: those of the outputs
         ``update_from_output`` returns (``{client: EngineCoreOutputs}``), after vLLM's stop
-        checks, as two aligned lists (ids, tokens).
-        (Plain comprehensions, no helper object: ``attrgetter`` over vLLM's msgspec structs
-        costs twice as much, and every Python call on this path runs in the caches a forward
-        pass leaves cold.)"""
-        if not outputs:
-            return
-        start = time.perf_counter()
-        try:  # fail open (the plain form, on this per-step path)
-            if len(outputs) == 1:  # one per front-end client; mostly one
-                (client,) = outputs.values()
-                outs = client.outputs
-            else:
-                outs = [out for client in outputs.values() for out in client.outputs]
-            ids = [out.request_id for out in outs]
-            tokens = [out.new_token_ids for out in outs]
-            if not all(tokens):  # not an output without tokens (an error, a pooling result)
-                ids = [rid for rid, toks in zip(ids, tokens, strict=True) if toks]
-                tokens = [toks for toks in tokens if toks]
-            if ids:
+        checks, as two aligned lists (ids, tokens). (Plain comprehensions: ``attrgetter`` over
+        vLLM's msgspec structs costs twice as much on this cold-cache path.)"""
+        if len(outputs) == 1:  # one per front-end client; mostly one
+            (client,) = outputs.values()
+            outs = client.outputs
+        else:
+            outs = [out for client in outputs.values() for out in client.outputs]
+        ids = [out.request_id for out in outs]
+        tokens = [out.new_token_ids for out in outs]
+        if not all(tokens):  # not an output without tokens (an error, a pooling result)
+            ids = [rid for rid, toks in zip(ids, tokens, strict=True) if toks]
+            tokens = [toks for toks in tokens if toks]
+        if ids:
+            try:
                 self.meridian_policy.observe(ids, tokens, self.current_step)
-        except UntrackedRequestsError as exc:
-            self._adopt(exc.request_ids)
-        except Exception as exc:
-            self.meridian_fail_open.error("update_from_output", exc)
-        finally:
-            self.meridian_overhead.update_overhead_s += time.perf_counter() - start
+            except UntrackedRequestsError as exc:
+                self._adopt(exc.request_ids)
 
     def _adopt(self, request_ids: list[str]) -> None:
-        """Track live requests that got tokens without passing through ``add_request``, their
-        output so far included. vLLM adds requests only there, but its own tests fill
-        ``requests`` and ``running`` by hand; tracked now, they are Meridian's from the next
-        step on (a tracking error is still one). Called from an ``except`` clause, so nothing
-        here may raise: ``track`` reads the policy's clock inside ``_track_new``'s guard."""
-        with self.meridian_fail_open("update_from_output"):
-            for rid in request_ids:
-                request = self.requests.get(rid)
-                if request is not None and not request.is_finished():
-                    self._new_requests.setdefault(rid, (request, None))
+        """Track live requests that got tokens without passing through ``add_request`` (vLLM's
+        own tests fill ``requests`` and ``running`` by hand), their output so far included;
+        they are Meridian's from the next step on."""
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is not None and not request.is_finished():
+                self._new_requests.setdefault(rid, (request, None))
         self._track_new()
 
     def make_spec_decoding_stats(
@@ -408,12 +378,11 @@ class MeridianScheduler(Scheduler):
         num_invalid_spec_tokens: dict[str, int] | None,
         request_id: str,
     ) -> Any:
-        """vLLM's accounting of one request's verified drafts, inside ``update_from_output``
-        and only for a request that had some: the same numbers (drafts a grammar invalidated
-        left out, as vLLM does) go to the draft counts by phase, the phase the request was in
-        when they were proposed (its tokens of this step are observed after this)."""
+        """vLLM's accounting of one request's verified drafts (inside ``update_from_output``,
+        for a request that had some): the same numbers, drafts a grammar invalidated left out,
+        go to the draft counts of the phase the request was in when they were proposed."""
         invalid = num_invalid_spec_tokens.get(request_id, 0) if num_invalid_spec_tokens else 0
-        with self.meridian_fail_open("update_from_output", request_id, self.meridian_overhead):
+        with self._guarded("update_from_output", request_id):
             self._publisher.drafts(request_id, num_draft_tokens - invalid, num_accepted_tokens)
         return super().make_spec_decoding_stats(
             spec_decoding_stats,
@@ -424,7 +393,7 @@ class MeridianScheduler(Scheduler):
         )
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
-        with self.meridian_fail_open("preempt_request", request.request_id, self.meridian_overhead):
+        with self._guarded("preempt_request", request.request_id):
             blocks = -(-request.num_computed_tokens // self.block_size)
             self.meridian_policy.on_preempt(request.request_id, blocks)
         super()._preempt_request(request, *args, **kwargs)
@@ -443,26 +412,22 @@ class MeridianScheduler(Scheduler):
 
     def _untrack(self, *requests: Any) -> None:
         """The policy stops tracking freed requests (their tokens counted, their lengths
-        learned), in one timed batch; if it fails, one by one, so an error in one does not
+        learned), in one timed batch; if it fails, one by one, so that an error in one does not
         stop the others."""
-        with self.meridian_fail_open("free_request", timed=self.meridian_overhead):
-            # A completed request's length teaches headroom admission; an aborted one's not.
-            finished = [
-                (r.request_id, r.num_output_tokens if r.status in _COMPLETED else None)
-                for r in requests
-            ]
-            try:
-                self._publisher.count_tokens(requests, done=True)
-                self.meridian_policy.untrack_many(finished)
-                return
-            except Exception as exc:
-                self.meridian_fail_open.error("free_request", exc)
-            for request, (rid, num_output_tokens) in zip(requests, finished, strict=True):
-                try:
-                    self._publisher.forget(rid)
-                    self.meridian_policy.untrack(rid, num_output_tokens)
-                except Exception as exc:
-                    self.meridian_fail_open.error("free_request", exc, request.request_id)
+        # A completed request's length teaches headroom admission; an aborted one's not.
+        finished = [
+            (r.request_id, r.num_output_tokens if r.status in _COMPLETED else None)
+            for r in requests
+        ]
+        batch = self._guarded("free_request")
+        with batch:
+            self._publisher.count_tokens(requests, done=True)
+            self.meridian_policy.untrack_many(finished)
+            return
+        for rid, num_output_tokens in finished:  # the batch failed open
+            with self._guarded("free_request", rid):
+                self._publisher.forget(rid)
+                self.meridian_policy.untrack(rid, num_output_tokens)
 
 
 class MeridianAsyncScheduler(MeridianScheduler, AsyncScheduler):
