@@ -23,15 +23,22 @@ replica's queue, bound to it, while another replica may free room first. So:
    KV the request would share its steps with (the projected load averaged over its expected
    life) lost to this: one replica whose projection appeared first drew the traffic of the
    others (ADR-0016 has the runs).
-3. **Hold when no replica fits**: the request waits at the router (Ray Serve retries it) and
-   goes to the first replica that frees room, instead of queueing behind one replica. A request
-   held :attr:`RoutingConfig.max_hold_s` is placed anyway (a starvation bound), on the replica
-   it overflows least.
+3. **Hold, if configured** (:attr:`RoutingConfig.hold`, a :class:`Hold`): the request waits at
+   the router (Ray Serve retries it) and goes to the first replica that frees room, instead of
+   queueing behind one replica. ``never`` (the default) places every request at once, on the
+   replica it overflows least when none fits; ``admission`` holds only when no replica's vLLM
+   admission could take it now (free KV blocks for its prompt, after the prompts of the requests
+   sent there that the stats do not count, and nothing waiting); ``headroom`` holds when no
+   replica fits its projection. Measured (4 x H100 / Qwen3-8B, ServeGen R1, 130 %, 300 s), the
+   headroom hold cost 12 s of TTFT P95 and bought no TTFVT (issue 45): hence off by default. A
+   request held :attr:`RoutingConfig.max_hold_s` is placed anyway (a starvation bound), on the
+   replica it overflows least.
 
 Stale statistics. Stats without a projection (a replica whose length model has not seen enough
 finished requests, or whose admission does not use it), missing stats and stats older than
 :attr:`RoutingConfig.stats_max_age_s` say nothing the router can hold on: such a replica ranks
-with those that fit, by this router's requests in flight on it, and never holds a request.
+with those that fit, by this router's requests in flight on it, and never holds a request (the
+``admission`` hold reads only the counts, so fresh stats without a projection can say there).
 Holding on information that cannot be trusted could hold forever.
 
 Failed replicas. A driver that sees a replica fail a request (its engine dead, a connection lost,
@@ -51,6 +58,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -62,7 +70,9 @@ from meridian.errors import ConfigError, MeridianError
 __all__ = [
     "DEFAULT_MAX_HOLD_S",
     "DEFAULT_STATS_MAX_AGE_S",
+    "HOLDS",
     "WIRE_VERSION",
+    "Hold",
     "NewRequest",
     "Projection",
     "ReplicaStats",
@@ -270,21 +280,50 @@ def _projection(raw: Any) -> Projection:
     )
 
 
+class Hold(Enum):
+    """When the router holds a request no replica can take (module docstring)."""
+
+    NEVER = "never"
+    ADMISSION = "admission"
+    HEADROOM = "headroom"
+
+    @classmethod
+    def parse(cls, value: object) -> Hold:
+        """``value`` as a :class:`Hold` (one already, or its name); a one-line
+        :class:`~meridian.errors.ConfigError` naming ``routing.hold`` otherwise."""
+        if isinstance(value, Hold):
+            return value
+        if value not in HOLDS:
+            raise ConfigError(f"routing.hold must be one of {', '.join(HOLDS)}; got {value!r}")
+        return cls(value)
+
+
+HOLDS = ("never", "admission", "headroom")
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
     """The router's knobs (module docstring): how old stats may be before they no longer hold
-    a request, and how long a request may be held."""
+    a request, how long a request may be held, and when it is held (``hold``: a :class:`Hold`
+    or its name).
+
+    >>> RoutingConfig(hold="headroom").hold
+    <Hold.HEADROOM: 'headroom'>
+    """
 
     stats_max_age_s: float = DEFAULT_STATS_MAX_AGE_S
     max_hold_s: float = DEFAULT_MAX_HOLD_S
+    hold: Hold = Hold.NEVER
 
     def __post_init__(self) -> None:
         for name in ("stats_max_age_s", "max_hold_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(
-                    f"routing {name} must be a positive number of seconds; got {value}"
+                    f"routing.{name} must be a positive number of seconds; got {value}"
                 )
+        # A name read from a file or a Ray Serve kwarg is taken as its Hold.
+        object.__setattr__(self, "hold", Hold.parse(self.hold))
 
 
 @dataclass(slots=True)
@@ -319,6 +358,11 @@ def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
     beyond = len(placed) - stats.num_running - stats.num_waiting
     count = max(since, beyond)
     return [p.request for p in placed[len(placed) - count :]] if count > 0 else []
+
+
+def _prompt_blocks(request: NewRequest, block_size: int) -> int:
+    """The KV blocks vLLM allocates for ``request``'s prompt when it admits it."""
+    return -(-request.num_prompt_tokens // block_size)
 
 
 # Rank tiers: replicas that can take the request (it fits their projection, or their stats cannot
@@ -419,21 +463,51 @@ class RoutingPolicy:
         now: float,
         waited_s: float = 0.0,
     ) -> list[str]:
-        """``candidates`` best first, or ``[]`` to hold ``request`` (no replica has headroom for
-        it and it has waited less than ``max_hold_s``: ``waited_s`` since it reached the
+        """``candidates`` best first, or ``[]`` to hold ``request`` (:attr:`RoutingConfig.hold`
+        holds it and it has waited less than ``max_hold_s``: ``waited_s`` since it reached the
         router). Replicas out of rotation (:meth:`failed`) are left out while any other is a
         candidate; when all are, ``request`` is held as when none fits. Otherwise a permutation
         of ``candidates`` (duplicates are ranked once)."""
         names = set(candidates)
         working = {name for name in names if not self.is_failed(name)}
+        may_hold = waited_s < self.config.max_hold_s
         if working:
             names = working
-        elif waited_s < self.config.max_hold_s:
+        elif may_hold:
             return []
         keyed = sorted((self._key(name, request, now), name) for name in names)
-        if keyed and keyed[0][0][0] == _FULL and waited_s < self.config.max_hold_s:
+        if keyed and may_hold and self._holds(keyed, request, now):
             return []
         return [name for _, name in keyed]
+
+    def _holds(
+        self, keyed: list[tuple[tuple[int, float, int], str]], request: NewRequest, now: float
+    ) -> bool:
+        """Whether :attr:`RoutingConfig.hold` holds ``request`` over the ranked ``keyed``."""
+        hold = self.config.hold
+        if hold is Hold.HEADROOM:
+            return keyed[0][0][0] == _FULL
+        if hold is Hold.ADMISSION:
+            return not any(self.admits(name, request, now) is not False for _, name in keyed)
+        return False
+
+    def admits(self, replica: str, request: NewRequest, now: float) -> bool | None:
+        """Whether ``replica``'s vLLM admission could take ``request`` now: nothing waits there
+        and its free KV blocks, less the prompts of the requests sent there that its stats do
+        not count, hold the request's prompt (an idle replica always could); ``None`` where its
+        stats cannot say (none, or older than ``stats_max_age_s``)."""
+        found = self._replicas.get(replica) or _Replica()
+        stats = found.stats
+        if stats is None or now - stats.time_s > self.config.stats_max_age_s:
+            return None
+        unseen = _unseen(found, stats)
+        if stats.num_running == 0 and stats.num_waiting == 0 and not unseen:
+            return True
+        if stats.num_waiting > 0:
+            return False
+        free = stats.num_kv_blocks - stats.num_kv_blocks_used
+        free -= sum(_prompt_blocks(placed, stats.block_size) for placed in unseen)
+        return free >= _prompt_blocks(request, stats.block_size)
 
     def headroom(self, replica: str, request: NewRequest, now: float) -> bool | None:
         """Whether ``replica`` fits ``request`` now; ``None`` where its stats cannot say."""

@@ -5,8 +5,12 @@ those that read replica stats, the stats as last refreshed (every ``stats_period
 ================  ==================================================================================
 ``meridian``      Meridian's routing policy (:class:`~meridian.core.routing.RoutingPolicy`, the
                   object Ray Serve runs in :mod:`meridian.ray.router`): projected KV headroom,
-                  holds a request no replica fits. Stats every 1 s (Meridian's deployment polls
-                  at ``request_routing_stats_period_s = 1``).
+                  never holds (its default, ``hold = never``). Stats every 1 s (Meridian's
+                  deployment polls at ``request_routing_stats_period_s = 1``).
+``meridian-hold`` The same, holding a request no replica's projection fits (``hold = headroom``).
+``meridian-hold-admission``
+                  The same, holding a request only when no replica's vLLM admission could take it
+                  (``hold = admission``).
 ``pow2``          Ray Serve's default, ``PowerOfTwoChoicesRequestRouter``
                   (``ray/serve/_private/request_router/pow_2_router.py``, Ray 2.60): two distinct
                   replicas at random, the one with the shorter queue; the queue is the replica's
@@ -39,10 +43,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from meridian.core.routing import NewRequest, ReplicaStats, RoutingConfig, RoutingPolicy
+from meridian.core.routing import Hold, NewRequest, ReplicaStats, RoutingConfig, RoutingPolicy
 from meridian.errors import MeridianError
 
 __all__ = ["ROUTERS", "ClusterRouter", "make_router"]
@@ -125,10 +129,12 @@ class _CountingBaseline(_Baseline):
 class MeridianClusterRouter:
     """The core routing policy over replicas named ``r000``, ``r001``, ... (in index order)."""
 
-    name = "meridian"
     needs_projection = True
 
-    def __init__(self, num_replicas: int, config: RoutingConfig, stats_period_s: float) -> None:
+    def __init__(
+        self, num_replicas: int, config: RoutingConfig, stats_period_s: float, name: str
+    ) -> None:
+        self.name = name
         self.policy = RoutingPolicy(config)
         self.names = [f"r{i:03d}" for i in range(num_replicas)]
         self._index = {name: i for i, name in enumerate(self.names)}
@@ -254,7 +260,13 @@ class PascalLikeRouter(_Baseline):
         self.sent[replica].append((now_s, request.reasoning))
 
 
-ROUTERS = ("meridian", "pow2", "round-robin", "vllm-dp", "pascal-like")
+# Meridian's router under each hold setting, by router name.
+MERIDIAN_HOLDS = {
+    "meridian": Hold.NEVER,
+    "meridian-hold": Hold.HEADROOM,
+    "meridian-hold-admission": Hold.ADMISSION,
+}
+ROUTERS = (*MERIDIAN_HOLDS, "pow2", "round-robin", "vllm-dp", "pascal-like")
 
 
 def make_router(
@@ -269,9 +281,10 @@ def make_router(
     ``stats_period_s`` overrides its stats period (``None``: its system's own)."""
     if num_replicas < 1:
         raise MeridianError(f"--replicas must be >= 1; got {num_replicas}")
-    if name == "meridian":
+    if name in MERIDIAN_HOLDS:
         period = stats_period_s or RAY_STATS_PERIOD_S
-        return MeridianClusterRouter(num_replicas, config or RoutingConfig(), period)
+        routing = replace(config or RoutingConfig(), hold=MERIDIAN_HOLDS[name])
+        return MeridianClusterRouter(num_replicas, routing, period, name)
     if name == "pow2":
         return PowerOfTwoRouter(num_replicas, seed)
     if name == "round-robin":
