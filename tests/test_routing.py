@@ -517,3 +517,85 @@ def test_when_every_replica_failed_a_request_waits_then_goes_anyway() -> None:
     assert policy.rank(["a", "b"], request, now=7.0, waited_s=6.0) == ["a", "b"]
     policy.answered("b", at=3.0)
     assert policy.rank(["a", "b"], request, now=7.0, waited_s=0.0) == ["b"]
+
+
+# -- the decision against its straightforward computation -------------------------------------
+
+
+def reference_rank(
+    placed: dict[str, dict[str, tuple[NewRequest, float]]],
+    num_routed: dict[str, int],
+    views: dict[str, ReplicaStats],
+    request: NewRequest,
+    now: float,
+) -> list[str]:
+    """The headroom ranking (never held) computed as written before it was made fast: every
+    replica's load aged and every uncounted request added, one by one, on every decision."""
+
+    def key(name: str) -> tuple[int, float, int]:
+        in_flight = list(placed[name].values())
+        routed = num_routed[name]
+        view = views.get(name)
+        if view is None or view.projection is None or now - view.time_s > 10.0:
+            return 0, float(len(in_flight)), routed
+        proj = view.projection
+        since = sum(at >= view.time_s for _, at in in_flight)
+        count = max(since, len(in_flight) - view.num_running - view.num_waiting)
+        unseen = [r for r, _ in in_flight[len(in_flight) - count :]] if count > 0 else []
+        steps = max(0.0, now - view.time_s) / view.step_time_s
+        load = proj.aged(steps)
+        for r in unseen:
+            load = load + proj.request_blocks(r, view.block_size)
+        peak = float(np.max(load + proj.request_blocks(request, view.block_size)))
+        budget = max(proj.budget, 1.0)
+        idle = view.num_running == 0 and view.num_waiting == 0 and not unseen
+        if peak > budget and not idle:
+            return 1, (peak - budget) / budget, routed
+        return 0, float(len(in_flight)), routed
+
+    return [name for _, name in sorted((key(name), name) for name in placed)]
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("route"), st.integers(0, 3), requests, st.floats(0.0, 5.0)),
+        st.tuples(st.just("complete"), st.integers(0, 40), requests, st.floats(0.0, 5.0)),
+        st.tuples(st.just("observe"), st.integers(0, 3), requests, st.floats(0.0, 5.0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(projections, min_size=4, max_size=4), operations, requests, st.floats(0.0, 6.0))
+def test_the_fast_decision_is_the_straightforward_one(
+    projs: list[Projection], ops: list[Any], probe: NewRequest, now: float
+) -> None:
+    names = [f"r{i}" for i in range(4)]
+    policy = RoutingPolicy()
+    placed: dict[str, dict[str, tuple[NewRequest, float]]] = {name: {} for name in names}
+    views: dict[str, ReplicaStats] = {}
+    where: dict[str, str] = {}
+    num_routed = dict.fromkeys(names, 0)
+    for i, (op, k, request, at) in enumerate(ops):
+        if op == "route":  # times out of order too: the router must not assume them sorted
+            request_id = f"q{i % 7}"  # some sent again: moved, or re-sent to the same replica
+            before = where.get(request_id)
+            if before is not None and before != names[k]:
+                del placed[before][request_id]
+                num_routed[before] -= 1
+            num_routed[names[k]] += request_id not in placed[names[k]]
+            placed[names[k]][request_id] = (request, at)
+            where[request_id] = names[k]
+            policy.routed(names[k], request_id, request, at)
+        elif op == "complete" and where:
+            request_id = sorted(where)[k % len(where)]
+            del placed[where.pop(request_id)][request_id]
+            policy.completed(request_id)
+        elif op == "observe":
+            view = stats(projs[k], time_s=at, running=request.num_prompt_tokens % 4)
+            views[names[k]] = view
+            policy.observe(names[k], view)
+        expected = reference_rank(placed, num_routed, views, probe, now)
+        assert policy.rank(names, probe, now) == expected
+    policy.check_integrity()

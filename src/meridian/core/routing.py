@@ -55,6 +55,7 @@ A new request's kind comes from its prompt's tail, as the replica's admission de
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -335,6 +336,19 @@ class _Placed:
 
 
 @dataclass(slots=True)
+class _Unseen:
+    """The requests a replica's stats do not count (:func:`_unseen`), for one (stats, in-flight
+    version) pair, with their expected KV blocks on the stats' projection grid."""
+
+    stats: ReplicaStats
+    version: int
+    requests: list[NewRequest]
+    blocks: list[FloatArray] | None = None
+    # The sum of each request's largest expected blocks: at least their summed peak.
+    peak_bound: float = 0.0
+
+
+@dataclass(slots=True)
 class _Replica:
     stats: ReplicaStats | None = None
     in_flight: dict[str, _Placed] = field(default_factory=dict)
@@ -344,6 +358,61 @@ class _Replica:
     num_routed: int = 0
     # When the driver last saw it fail a request (None: it answers).
     failed_at: float | None = None
+    # Bumped whenever in_flight changes (the cached unseen requests are for one version), and
+    # whether in_flight's send times never decrease in its order (then the requests sent since a
+    # time are a suffix of it, counted from its end).
+    version: int = 0
+    in_order: bool = True
+    unseen_cache: _Unseen | None = None
+    # The stats whose bounds (largest load, largest survivals) ``bounds`` holds.
+    bounds_of: ReplicaStats | None = None
+    bounds: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def place(self, request_id: str, placed: _Placed) -> None:
+        """Record ``request_id`` in flight here (again: its send time changes in place)."""
+        if request_id in self.in_flight:
+            self.in_order = self.in_order and len(self.in_flight) == 1
+        elif self.in_flight:
+            last = next(reversed(self.in_flight.values()))
+            self.in_order = self.in_order and placed.routed_at >= last.routed_at
+        self.in_flight[request_id] = placed
+        self.version += 1
+
+    def remove(self, request_id: str) -> None:
+        """``request_id`` is no longer in flight here (unknown ids are ignored)."""
+        if self.in_flight.pop(request_id, None) is not None:
+            self.version += 1
+            if not self.in_flight:
+                self.in_order = True
+
+    def unseen(self, stats: ReplicaStats) -> _Unseen:
+        """:func:`_unseen` of ``stats``, computed once per stats and in-flight version."""
+        cached = self.unseen_cache
+        if cached is None or cached.stats is not stats or cached.version != self.version:
+            cached = self.unseen_cache = _Unseen(stats, self.version, _unseen(self, stats))
+        return cached
+
+    def unseen_blocks(self, stats: ReplicaStats, projection: Projection) -> _Unseen:
+        """:meth:`unseen` with each request's expected blocks on ``projection`` (``stats``')."""
+        cached = self.unseen(stats)
+        if cached.blocks is None:
+            blocks = [projection.request_blocks(r, stats.block_size) for r in cached.requests]
+            cached.blocks = blocks
+            cached.peak_bound = sum(float(np.max(b)) for b in blocks)
+        return cached
+
+    def load_bounds(
+        self, stats: ReplicaStats, projection: Projection
+    ) -> tuple[float, float, float]:
+        """The largest projected load and survivals (reasoning, chat) of ``stats``."""
+        if self.bounds_of is not stats:
+            self.bounds_of = stats
+            self.bounds = (
+                float(np.max(projection.load)),
+                float(np.max(projection.survival_reasoning)),
+                float(np.max(projection.survival_chat)),
+            )
+        return self.bounds
 
 
 def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
@@ -353,16 +422,44 @@ def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
     (in the replica's frontend, not yet in its scheduler) when the stats were measured: in a
     burst they are hundreds, and a replica that reported itself idle would otherwise take them
     all."""
-    placed = list(replica.in_flight.values())  # in the order they were placed
-    since = sum(p.routed_at >= stats.time_s for p in placed)
-    beyond = len(placed) - stats.num_running - stats.num_waiting
+    in_flight = replica.in_flight
+    if replica.in_order:  # those sent since are the latest: count from the end
+        since = len(in_flight)
+        for i, placed in enumerate(reversed(in_flight.values())):
+            if placed.routed_at < stats.time_s:
+                since = i
+                break
+    else:
+        since = sum(p.routed_at >= stats.time_s for p in in_flight.values())
+    beyond = len(in_flight) - stats.num_running - stats.num_waiting
     count = max(since, beyond)
-    return [p.request for p in placed[len(placed) - count :]] if count > 0 else []
+    if count <= 0:
+        return []
+    latest = list(itertools.islice(reversed(in_flight.values()), count))
+    return [p.request for p in reversed(latest)]  # in the order they were placed
 
 
 def _prompt_blocks(request: NewRequest, block_size: int) -> int:
     """The KV blocks vLLM allocates for ``request``'s prompt when it admits it."""
     return -(-request.num_prompt_tokens // block_size)
+
+
+def _peak(
+    stats: ReplicaStats,
+    projection: Projection,
+    unseen: list[FloatArray],
+    request: NewRequest,
+    now: float,
+) -> float:
+    """The projected KV peak of the replica ``stats`` describe with the ``unseen`` requests'
+    expected blocks and ``request`` added, its load aged by the steps run since ``stats``."""
+    elapsed = max(0.0, now - stats.time_s)
+    steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
+    load = projection.aged(steps)
+    for blocks in unseen:
+        load = load + blocks
+    need = projection.request_blocks(request, stats.block_size)
+    return float(np.max(load + need))
 
 
 # Rank tiers: replicas that can take the request (it fits their projection, or their stats cannot
@@ -405,19 +502,19 @@ class RoutingPolicy:
         before = self._placed_on.get(request_id)
         if before is not None and before != replica:
             moved_from = self._replicas[before]
-            moved_from.in_flight.pop(request_id, None)
+            moved_from.remove(request_id)
             moved_from.num_routed -= 1  # it went elsewhere: not one of this replica's
         target = self._replica(replica)
         if request_id not in target.in_flight:
             target.num_routed += 1
-        target.in_flight[request_id] = _Placed(request, now)
+        target.place(request_id, _Placed(request, now))
         self._placed_on[request_id] = replica
 
     def completed(self, request_id: str) -> None:
         """``request_id`` finished (or failed); unknown ids are ignored."""
         replica = self._placed_on.pop(request_id, None)
         if replica is not None:
-            self._replicas[replica].in_flight.pop(request_id, None)
+            self._replicas[replica].remove(request_id)
 
     def forget(self, replica: str) -> None:
         """``replica`` is gone: its stats and its in-flight requests with it."""
@@ -500,7 +597,7 @@ class RoutingPolicy:
         stats = found.stats
         if stats is None or now - stats.time_s > self.config.stats_max_age_s:
             return None
-        unseen = _unseen(found, stats)
+        unseen = found.unseen(stats).requests
         if stats.num_running == 0 and stats.num_waiting == 0 and not unseen:
             return True
         if stats.num_waiting > 0:
@@ -530,21 +627,65 @@ class RoutingPolicy:
             or now - stats.time_s > self.config.stats_max_age_s
         ):
             return _OPEN, float(len(replica.in_flight)), None
-        unseen = _unseen(replica, stats)
         projection = stats.projection
-        elapsed = max(0.0, now - stats.time_s)
-        steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
-        load = projection.aged(steps)
-        block_size = stats.block_size
-        for placed in unseen:
-            load = load + projection.request_blocks(placed, block_size)
-        need = projection.request_blocks(request, block_size)
+        unseen = replica.unseen_blocks(stats, projection)
+        assert unseen.blocks is not None
         budget = max(projection.budget, 1.0)
-        peak = float(np.max(load + need))
-        idle = stats.num_running == 0 and stats.num_waiting == 0 and not unseen
-        if peak > budget and not idle:
+        fits = _OPEN, float(len(replica.in_flight)), True
+        if stats.num_running == 0 and stats.num_waiting == 0 and not unseen.requests:
+            return fits  # idle
+        # NOTE: a bound first, the projection only where it cannot decide. Aging only reads
+        # later points of the load, so no aged load exceeds its largest point, and no request
+        # holds more than its prompt and bound times its kind's largest survival: when those
+        # together stay within the budget, so does the peak computed below (a margin for
+        # rounding). At 16 replicas most decisions end here (issue 45: the cost per decision).
+        load_max, surv_reasoning, surv_chat = replica.load_bounds(stats, projection)
+        last = float(projection.grid[-1])
+        generated = last if request.max_tokens is None else min(last, float(request.max_tokens))
+        surv = surv_reasoning if request.reasoning else surv_chat
+        need_max = ((request.num_prompt_tokens + generated) / stats.block_size + 0.5) * surv
+        if load_max + unseen.peak_bound + need_max <= budget * (1.0 - 1e-9):
+            return fits
+        peak = _peak(stats, projection, unseen.blocks, request, now)
+        if peak > budget:
             return _FULL, (peak - budget) / budget, False
-        return _OPEN, float(len(replica.in_flight)), True
+        return fits
+
+    # -- what a migration asks (meridian.core.migration) ---------------------------------------
+
+    def stats_of(self, replica: str, now: float) -> ReplicaStats | None:
+        """``replica``'s stats if it reported some no older than ``stats_max_age_s``."""
+        found = self._replicas.get(replica)
+        stats = None if found is None else found.stats
+        if stats is None or now - stats.time_s > self.config.stats_max_age_s:
+            return None
+        return stats
+
+    def margin(self, replica: str, request: NewRequest, now: float) -> float | None:
+        """The share of ``replica``'s budget left at its projected peak with ``request`` added
+        (below 0: it overflows); ``None`` without a fresh projection."""
+        stats = self.stats_of(replica, now)
+        if stats is None or stats.projection is None:
+            return None
+        unseen = self._replicas[replica].unseen_blocks(stats, stats.projection)
+        assert unseen.blocks is not None
+        budget = max(stats.projection.budget, 1.0)
+        return (budget - _peak(stats, stats.projection, unseen.blocks, request, now)) / budget
+
+    def free_share(self, replica: str, request: NewRequest, now: float) -> float | None:
+        """The share of ``replica``'s KV blocks free once the prompts of the requests sent since
+        its stats and ``request``'s tokens are in (below 0: they do not fit; -1 while requests
+        wait there); ``None`` without fresh stats."""
+        stats = self.stats_of(replica, now)
+        if stats is None or stats.num_kv_blocks == 0:
+            return None
+        if stats.num_waiting > 0:
+            return -1.0
+        unseen = self._replicas[replica].unseen(stats).requests
+        free = stats.num_kv_blocks - stats.num_kv_blocks_used
+        free -= sum(_prompt_blocks(placed, stats.block_size) for placed in unseen)
+        free -= _prompt_blocks(request, stats.block_size)
+        return free / stats.num_kv_blocks
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` if the in-flight tables disagree."""
