@@ -46,7 +46,7 @@ a server error) reports it (:meth:`RoutingPolicy.failed`): from then on the repl
 request until the driver reports that it answers again (:meth:`RoutingPolicy.answered`, with a
 time after the failure). A replica that fails fast looks the least loaded to every rule above,
 so without this it would draw the traffic. When every replica has failed, a request is held as
-when none fits.
+when none fits, whatever :attr:`RoutingConfig.hold` says (up to ``max_hold_s``).
 
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
 (:meth:`~meridian.core.format.ReasoningFormat.initial_phase`): ``Phase.OUTPUT`` is a chat request,
