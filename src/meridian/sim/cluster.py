@@ -19,8 +19,10 @@ request is placed, the task takes the next one at once. A router that never hold
 request at its arrival.
 
 At one instant: the stats refresh, then arrivals, then retries, then the engines' events in
-replica order (a completion reaches the router when its engine handles it). Deterministic: the
-same streams, seed and router give the same run.
+replica order (a completion reaches the router when its engine handles it), then, with a
+migrator (:mod:`meridian.sim.migration`), the moves it decides on the preemptions and
+``</think>`` tokens the engines reported (long waits it looks for at each stats refresh).
+Deterministic: the same streams, seed and router give the same run.
 """
 
 from __future__ import annotations
