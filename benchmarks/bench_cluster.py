@@ -106,6 +106,10 @@ class TimedRouter:
     def completed(self, replica: int, request_id: str) -> None:
         self.inner.completed(replica, request_id)
 
+    def __getattr__(self, name: str) -> Any:
+        # What else the simulator reads of a router (its policy, attach, describe): the inner's.
+        return getattr(self.inner, name)
+
 
 def _timed(make: Any) -> Any:
     def make_timed(*args: Any, **kwargs: Any) -> TimedRouter:
@@ -114,7 +118,7 @@ def _timed(make: Any) -> Any:
     return make_timed
 
 
-def _row(summary: Any, held: int, kv_peak: float) -> dict[str, float]:
+def _row(summary: Any, held: int, kv_peak: float, moved: int = 0) -> dict[str, float]:
     def val(x: Any) -> float:
         return float("nan") if x is None else float(x)
 
@@ -129,6 +133,7 @@ def _row(summary: Any, held: int, kv_peak: float) -> dict[str, float]:
         "pre_think": summary.preemptions.think + summary.preemptions.prefill,
         "pre_out": summary.preemptions.output,
         "held": held,
+        "moved": moved,
         "slo_hidden": val(a and a.pct_at(UserModel.HIDDEN, a.goodput_scale)),
         "slo_shown": val(a and a.pct_at(UserModel.SHOWN, a.goodput_scale)),
         "kv_peak_replica": kv_peak,
@@ -205,14 +210,17 @@ def main() -> None:
             )
             report, _ = simulate_cluster(spec, cluster, rate, load_requests(spec, rate))
             for run, summary in report.summaries.items():
+                moves = report.migrations.get(run, {})
+                moved = sum(moves.get(r, 0) for r in ("preempted", "waited", "answer"))
                 figures = _row(summary, report.holds[run].num_held,
-                               report.kv_used_peak_replica[run])  # fmt: skip
+                               report.kv_used_peak_replica[run], moved)  # fmt: skip
                 per_seed[(load, run)].append({"seed": seed, **figures})
             print(f"  seed {seed}, load {load:.0%} ({rate:g} req/s) done at "
                   f"{time.monotonic() - started:.0f} s")  # fmt: skip
     rows = {key: _median(cells) for key, cells in per_seed.items()}
     _print_raw(rows)
     _print_ratios(rows)
+    _print_gate(rows)
     print("\nrouter cost per decision (µs; choose + routed, in the runs above):")
     costs_us: dict[str, dict[str, float]] = {}
     for router, costs in COST_NS.items():
@@ -273,15 +281,17 @@ def _write(
 
 def _print_raw(rows: dict[tuple[float, str], dict[str, float]]) -> None:
     head = "| load | router/scheduler | " + " | ".join(m[0] for m in METRICS)
-    print("\n" + head + " | recomputed tok | preempt think/out | held | peak KV (replica) |")
-    print("|" + "---|" * (len(METRICS) + 6))
+    print(
+        "\n" + head + " | recomputed tok | preempt think/out | held | moved | peak KV (replica) |"
+    )
+    print("|" + "---|" * (len(METRICS) + 7))
     for (load, name), r in rows.items():
         cells = [f"{r[key]:.4g}" for _, key, _ in METRICS]
         quiet = "" if r["contended"] else " (no contention)"
         print(
             f"| {load:.0%}{quiet} | `{name}` | " + " | ".join(cells) + f" | {r['recomputed']:.0f}"
             f" | {r['pre_think']:.0f}/{r['pre_out']:.0f} | {r['held']:.0f} | "
-            f"{r['kv_peak_replica']:.0%} |"
+            f"{r.get('moved', 0.0):.0f} | {r['kv_peak_replica']:.0%} |"
         )
 
 
@@ -306,6 +316,31 @@ def _print_ratios(rows: dict[tuple[float, str], dict[str, float]]) -> None:
         quiet = "" if ours["contended"] or theirs["contended"] else " (no contention)"
         print(f"| {load:.0%}{quiet} | `{name}` | " + " | ".join(cells) + " |")
     print(f"{losses} cells where Meridian's router + scheduler is worse by more than 3 %")
+
+
+def _print_gate(rows: dict[tuple[float, str], dict[str, float]]) -> None:
+    """Issue 45's gate against Ray's default router with stock scheduling (``pow2/STOCK``): TTFVT
+    P95 <= 0.85x or SLO attainment (hidden) >= +10 points, with TTFT P95 <= 1.1x and throughput
+    >= 0.99x; every run, at every load (the medians over the seeds)."""
+    print(
+        f"\nissue 45's gate, each run against `pow2/{STOCK}`: TTFVT P95 <= 0.85x or SLO % hidden "
+        ">= +10 points, with TTFT P95 <= 1.1x and tok/s >= 0.99x"
+    )
+    print("| load | run | TTFVT P95 | SLO hidden (points) | TTFT P95 | tok/s | gate |")
+    print("|---|---|---|---|---|---|---|")
+    for (load, name), r in rows.items():
+        base = rows.get((load, f"pow2/{STOCK}"))
+        if base is None or name == f"pow2/{STOCK}":
+            continue
+        ttfvt = r["ttfvt"] / base["ttfvt"] if base["ttfvt"] else float("nan")
+        points = r["slo_hidden"] - base["slo_hidden"]
+        ttft = r["ttft"] / base["ttft"] if base["ttft"] else float("nan")
+        tok = r["throughput"] / base["throughput"] if base["throughput"] else float("nan")
+        gate = (ttfvt <= 0.85 or points >= 10.0) and ttft <= 1.1 and tok >= 0.99
+        print(
+            f"| {load:.0%} | `{name}` | {ttfvt:.2f} | {points:+.1f} | {ttft:.2f} | {tok:.3f} | "
+            f"{'reached' if gate else 'no'} |"
+        )
 
 
 if __name__ == "__main__":

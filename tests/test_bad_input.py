@@ -15,7 +15,7 @@ import pytest
 
 from cli_process import run_meridian
 from meridian.bench.simrun import MAX_SIM_KV_BLOCKS
-from meridian.cli import EXIT_BROKEN_PIPE
+from meridian.cli import EXIT_BROKEN_PIPE, build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 SIM = ["bench", "sim", "--no-plots", "--policies", "vllm-fcfs"]
@@ -186,3 +186,16 @@ def test_serve_cluster_refuses_what_would_fail_after_rays_start(
     args: list[str], message: str
 ) -> None:
     run_meridian(["serve-cluster", *args]).assert_refused(message)
+
+
+def test_serve_cluster_takes_a_hold_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    assert parser.parse_args(["serve-cluster", "m"]).hold == "never"
+    assert parser.parse_args(["serve-cluster", "--hold", "admission", "m"]).hold == "admission"
+    with pytest.raises(SystemExit) as bad:
+        parser.parse_args(["serve-cluster", "--hold", "sometimes", "m"])
+    assert bad.value.code == 2
+    assert "--hold: invalid choice: 'sometimes'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve-cluster", "--help"])
+    assert "--hold {never,admission,headroom}" in capsys.readouterr().out

@@ -109,11 +109,17 @@ def test_meridians_router_holds_what_no_replica_has_headroom_for() -> None:
     # the replicas' admission projects, and a burst of 1,200 outgrows both replicas.
     spec = dataclasses.replace(SPEC, policies=["meridian"])
     requests = burst(1400, seed=3)
-    held = run(spec, 2, "meridian", "meridian", requests, num_kv_blocks=2100)
+    held = run(spec, 2, "meridian-hold", "meridian", requests, num_kv_blocks=2100)
     assert all(r.finished for r in held.result.records)
     assert held.num_held > 50 and max(held.hold_s) > 0
     placed = run(spec, 2, "pow2", "meridian", requests, num_kv_blocks=2100)
     assert placed.num_held == 0
+    # By default Meridian's router holds nothing; held only where vLLM's admission could not
+    # take a request, fewer are held than on the projection.
+    assert run(spec, 2, "meridian", "meridian", requests, num_kv_blocks=2100).num_held == 0
+    admission = run(spec, 2, "meridian-hold-admission", "meridian", requests, num_kv_blocks=2100)
+    assert all(r.finished for r in admission.result.records)
+    assert 0 < admission.num_held < held.num_held
     # What was held at the router did not queue in a replica.
     queued = [
         max(s.num_waiting for replica in run_.replicas for s in replica.samples)

@@ -18,6 +18,7 @@ from meridian.core.headroom import MIN_SAMPLES
 from meridian.core.policy import MeridianPolicy
 from meridian.core.replica_stats import ReplicaStatsRecorder
 from meridian.core.routing import (
+    Hold,
     NewRequest,
     Projection,
     ReplicaStats,
@@ -31,6 +32,8 @@ from test_policy import FakeRequest
 
 GRID = np.linspace(0.0, 2000.0, 9)
 BS = 16
+# The hold most tests here exercise (the default, never, is tested on its own).
+HEADROOM = RoutingConfig(hold=Hold.HEADROOM)
 
 
 def projection(load: list[float], budget: float, reasoning: list[float], chat: list[float]) -> Any:
@@ -95,8 +98,10 @@ replicas = st.tuples(
 )
 
 
-def build(views: list[tuple[Projection | None, float, int]]) -> tuple[RoutingPolicy, list[str]]:
-    policy = RoutingPolicy()
+def build(
+    views: list[tuple[Projection | None, float, int]], config: RoutingConfig = HEADROOM
+) -> tuple[RoutingPolicy, list[str]]:
+    policy = RoutingPolicy(config)
     names = [f"r{i}" for i in range(len(views))]
     for name, (proj, when, running) in zip(names, views, strict=True):
         policy.observe(name, stats(proj, time_s=when, running=running))
@@ -136,6 +141,74 @@ def test_a_request_is_held_only_when_no_replica_has_headroom(
     assert policy.rank(names, request, now=0.0, waited_s=policy.config.max_hold_s) != []
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(replicas, min_size=1, max_size=6), requests)
+def test_by_default_nothing_is_held_and_the_ranking_is_the_headroom_one(
+    views: list[Any], request: NewRequest
+) -> None:
+    never, names = build(views, RoutingConfig())
+    headroom, _ = build(views)
+    assert never.config.hold is Hold.NEVER
+    ranked = never.rank(names, request, now=0.0)
+    assert sorted(ranked) == sorted(names)
+    # The order is the one the headroom hold ranks by once it no longer holds.
+    waited = headroom.config.max_hold_s
+    assert ranked == headroom.rank(names, request, now=0.0, waited_s=waited)
+
+
+def hand_admits(view: tuple[Projection | None, float, int], request: NewRequest) -> bool:
+    """vLLM's admission by hand: the stats ``stats()`` reports (1000 blocks, 100 used, nothing
+    waiting) hold the prompt, or the replica is idle; stale stats cannot say (never hold)."""
+    _, when, running = view
+    if when < -RoutingConfig().stats_max_age_s or running == 0:
+        return True
+    return -(-request.num_prompt_tokens // BS) <= 1000 - 100
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(replicas, min_size=1, max_size=6), requests, st.integers(0, 3))
+def test_the_admission_hold_holds_only_when_no_replica_could_admit(
+    views: list[Any], request: NewRequest, num_sent: int
+) -> None:
+    policy, names = build(views, RoutingConfig(hold="admission"))
+    held = policy.rank(names, request, now=0.0) == []
+    assert held == (not any(hand_admits(v, request) for v in views))
+    # Requests sent since the stats take their prompts' blocks out of the free ones.
+    big = NewRequest(Phase.THINK, 400 * BS)
+    for i in range(num_sent):
+        policy.routed(names[0], f"q{i}", big, now=0.0)
+    _, when, running = views[0]
+    if when == 0.0:
+        free = 900 - num_sent * 400
+        expected = (running == 0 and num_sent == 0) or free >= -(-request.num_prompt_tokens // BS)
+        assert policy.admits(names[0], request, now=0.0) is expected
+    else:
+        assert policy.admits(names[0], request, now=0.0) is None
+
+
+def test_the_admission_hold_waits_behind_a_queue_and_reads_no_projection() -> None:
+    policy = RoutingPolicy(RoutingConfig(hold=Hold.ADMISSION))
+    request = NewRequest(Phase.THINK, 160)
+    policy.observe("a", stats(None, waiting=1, used=10))
+    assert policy.rank(["a"], request, now=0.0) == []  # something waits there: vLLM queues it
+    policy.observe("a", stats(None, used=1000 - 9))
+    assert policy.rank(["a"], request, now=0.0) == []  # 9 free blocks < 10 for the prompt
+    policy.observe("a", stats(None, used=1000 - 10))
+    assert policy.rank(["a"], request, now=0.0) == ["a"]
+    assert policy.rank(["a"], request, now=0.0 + 11.0) == ["a"]  # stale: cannot hold
+
+
+def test_a_hold_setting_that_does_not_exist_is_named() -> None:
+    assert RoutingConfig(hold="headroom").hold is Hold.HEADROOM
+    with pytest.raises(ConfigError) as caught:
+        RoutingConfig(hold="sometimes")
+    assert str(caught.value) == (
+        "routing.hold must be one of never, admission, headroom; got 'sometimes'"
+    )
+    with pytest.raises(ConfigError, match=r"^routing\.max_hold_s must be a positive number"):
+        RoutingConfig(max_hold_s=-1.0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(replicas, min_size=1, max_size=6), requests, st.randoms(use_true_random=False))
 def test_decisions_are_deterministic_whatever_the_candidates_order(
@@ -150,7 +223,7 @@ def test_decisions_are_deterministic_whatever_the_candidates_order(
 
 def test_the_shortest_queue_wins_and_full_ones_come_last() -> None:
     flat = [1.0] * len(GRID)
-    policy = RoutingPolicy()
+    policy = RoutingPolicy(HEADROOM)
     policy.observe("busy", stats(projection([100.0] * 9, 900.0, flat, flat)))
     policy.observe("quiet", stats(projection([600.0] * 9, 900.0, flat, flat)))
     policy.observe("full", stats(projection([950.0] * 9, 900.0, flat, flat)))
@@ -168,7 +241,7 @@ def test_a_replica_tight_for_reasoning_still_takes_chat() -> None:
     # reasoning where it fits: the request's kind enters through its expected growth.
     chat = [1.0] + [0.0] * 8
     reasoning = [1.0] * 9
-    policy = RoutingPolicy()
+    policy = RoutingPolicy(HEADROOM)
     policy.observe("tight", stats(projection([550.0] * 9, 600.0, reasoning, chat)))
     policy.observe("roomy", stats(projection([100.0] * 9, 2000.0, reasoning, chat)))
     policy.routed("roomy", "r", NewRequest(Phase.OUTPUT, 50), now=0.0)
@@ -182,7 +255,7 @@ def test_a_replica_tight_for_reasoning_still_takes_chat() -> None:
 def test_requests_sent_since_the_stats_fill_the_replica_until_the_router_holds() -> None:
     # One fresh request holds (160 + g) / 16 + 0.5 blocks, at most 136 on this grid.
     flat = [1.0] * len(GRID)
-    policy = RoutingPolicy()
+    policy = RoutingPolicy(HEADROOM)
     policy.observe("a", stats(projection([0.0] * 9, 700.0, flat, flat)))
     request = NewRequest(Phase.THINK, 160)
     placed = 0
@@ -207,7 +280,7 @@ def test_requests_on_their_way_count_though_the_stats_are_newer() -> None:
     flat = [1.0] * len(GRID)
     empty = projection([0.0] * 9, 700.0, flat, flat)
     request = NewRequest(Phase.THINK, 160)
-    policy = RoutingPolicy()
+    policy = RoutingPolicy(HEADROOM)
     policy.observe("a", stats(empty))
     for i in range(5):
         policy.routed("a", f"q{i}", request, now=1.0)
@@ -228,7 +301,7 @@ def test_stats_age_by_the_steps_run_since() -> None:
     # The load drains over the grid: 0.5 s after the stats at 20 ms a step, 25 steps later.
     flat = [1.0] * len(GRID)
     draining = list(np.linspace(1000.0, 0.0, len(GRID)))
-    policy = RoutingPolicy()
+    policy = RoutingPolicy(HEADROOM)
     policy.observe("a", stats(projection(draining, 1000.0, flat, flat)))
     request = NewRequest(Phase.OUTPUT, 16, max_tokens=1)
     assert policy.rank(["a"], request, now=0.0) == []
@@ -239,7 +312,7 @@ def test_stale_missing_or_unprojected_stats_never_hold() -> None:
     flat = [1.0] * len(GRID)
     full = projection([2000.0] * 9, 100.0, flat, flat)
     request = NewRequest(Phase.THINK, 100)
-    policy = RoutingPolicy(RoutingConfig(stats_max_age_s=5.0))
+    policy = RoutingPolicy(RoutingConfig(stats_max_age_s=5.0, hold=Hold.HEADROOM))
     policy.observe("a", stats(full))
     assert policy.rank(["a"], request, now=1.0) == []
     assert policy.rank(["a"], request, now=6.0) == ["a"]  # too old to hold anything
@@ -333,7 +406,7 @@ def test_reported_stats_hold_a_request_exactly_where_the_replica_admission_would
             now=5.0,
         )  # fmt: skip
         assert reported.projection is not None
-        router = RoutingPolicy()
+        router = RoutingPolicy(HEADROOM)
         router.observe("replica", reported)
         for prompt, phase in ((THINK_PROMPT, Phase.THINK), (CHAT_PROMPT, Phase.OUTPUT)):
             new = FakeRequest(f"new-{num_blocks}-{phase.name}", prompt)
@@ -373,7 +446,7 @@ def test_without_projections_the_router_joins_its_shortest_queue() -> None:
     # the replica with the fewest of this router's requests in flight, not by the KV or queue
     # the stats report (16 x Qwen3-32B at 100 %: ranking by KV in use, a queue as a full cache,
     # lost 41 % goodput to Ray's default router; this ranking gained 0.6 %, ADR-0016).
-    policy = RoutingPolicy()
+    policy = RoutingPolicy(HEADROOM)
     policy.observe("a", stats(None, time_s=0.0, running=10, waiting=6, used=1000))
     policy.observe("b", stats(None, time_s=0.0, running=10, waiting=4, used=900))
     policy.observe("c", stats(None, time_s=0.0, running=10, waiting=4, used=1000))
@@ -392,7 +465,7 @@ def test_without_projections_the_router_joins_its_shortest_queue() -> None:
 def test_a_request_moved_elsewhere_counts_for_the_replica_that_got_it() -> None:
     # Ties go to the replica sent fewest requests; a request the driver moved (Ray Serve may hand
     # the replica found for one request to another) counts where it went, not twice.
-    policy = RoutingPolicy()
+    policy = RoutingPolicy(HEADROOM)
     request = NewRequest(Phase.THINK, 16)
     policy.routed("b", "q", request, now=0.0)
     policy.routed("a", "q", request, now=0.0)  # moved
@@ -435,7 +508,7 @@ def test_a_failed_replica_gets_nothing_until_it_answers_again(
 
 
 def test_when_every_replica_failed_a_request_waits_then_goes_anyway() -> None:
-    policy = RoutingPolicy(RoutingConfig(max_hold_s=5.0))
+    policy = RoutingPolicy(RoutingConfig(max_hold_s=5.0, hold=Hold.HEADROOM))
     request = NewRequest(Phase.THINK, 100)
     for name in ("a", "b"):
         policy.observe(name, None)
@@ -444,3 +517,85 @@ def test_when_every_replica_failed_a_request_waits_then_goes_anyway() -> None:
     assert policy.rank(["a", "b"], request, now=7.0, waited_s=6.0) == ["a", "b"]
     policy.answered("b", at=3.0)
     assert policy.rank(["a", "b"], request, now=7.0, waited_s=0.0) == ["b"]
+
+
+# -- the decision against its straightforward computation -------------------------------------
+
+
+def reference_rank(
+    placed: dict[str, dict[str, tuple[NewRequest, float]]],
+    num_routed: dict[str, int],
+    views: dict[str, ReplicaStats],
+    request: NewRequest,
+    now: float,
+) -> list[str]:
+    """The headroom ranking (never held) computed as written before it was made fast: every
+    replica's load aged and every uncounted request added, one by one, on every decision."""
+
+    def key(name: str) -> tuple[int, float, int]:
+        in_flight = list(placed[name].values())
+        routed = num_routed[name]
+        view = views.get(name)
+        if view is None or view.projection is None or now - view.time_s > 10.0:
+            return 0, float(len(in_flight)), routed
+        proj = view.projection
+        since = sum(at >= view.time_s for _, at in in_flight)
+        count = max(since, len(in_flight) - view.num_running - view.num_waiting)
+        unseen = [r for r, _ in in_flight[len(in_flight) - count :]] if count > 0 else []
+        steps = max(0.0, now - view.time_s) / view.step_time_s
+        load = proj.aged(steps)
+        for r in unseen:
+            load = load + proj.request_blocks(r, view.block_size)
+        peak = float(np.max(load + proj.request_blocks(request, view.block_size)))
+        budget = max(proj.budget, 1.0)
+        idle = view.num_running == 0 and view.num_waiting == 0 and not unseen
+        if peak > budget and not idle:
+            return 1, (peak - budget) / budget, routed
+        return 0, float(len(in_flight)), routed
+
+    return [name for _, name in sorted((key(name), name) for name in placed)]
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("route"), st.integers(0, 3), requests, st.floats(0.0, 5.0)),
+        st.tuples(st.just("complete"), st.integers(0, 40), requests, st.floats(0.0, 5.0)),
+        st.tuples(st.just("observe"), st.integers(0, 3), requests, st.floats(0.0, 5.0)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(projections, min_size=4, max_size=4), operations, requests, st.floats(0.0, 6.0))
+def test_the_fast_decision_is_the_straightforward_one(
+    projs: list[Projection], ops: list[Any], probe: NewRequest, now: float
+) -> None:
+    names = [f"r{i}" for i in range(4)]
+    policy = RoutingPolicy()
+    placed: dict[str, dict[str, tuple[NewRequest, float]]] = {name: {} for name in names}
+    views: dict[str, ReplicaStats] = {}
+    where: dict[str, str] = {}
+    num_routed = dict.fromkeys(names, 0)
+    for i, (op, k, request, at) in enumerate(ops):
+        if op == "route":  # times out of order too: the router must not assume them sorted
+            request_id = f"q{i % 7}"  # some sent again: moved, or re-sent to the same replica
+            before = where.get(request_id)
+            if before is not None and before != names[k]:
+                del placed[before][request_id]
+                num_routed[before] -= 1
+            num_routed[names[k]] += request_id not in placed[names[k]]
+            placed[names[k]][request_id] = (request, at)
+            where[request_id] = names[k]
+            policy.routed(names[k], request_id, request, at)
+        elif op == "complete" and where:
+            request_id = sorted(where)[k % len(where)]
+            del placed[where.pop(request_id)][request_id]
+            policy.completed(request_id)
+        elif op == "observe":
+            view = stats(projs[k], time_s=at, running=request.num_prompt_tokens % 4)
+            views[names[k]] = view
+            policy.observe(names[k], view)
+        expected = reference_rank(placed, num_routed, views, probe, now)
+        assert policy.rank(names, probe, now) == expected
+    policy.check_integrity()

@@ -114,6 +114,7 @@ def test_requests_go_where_the_policy_says_and_wait_when_no_replica_fits(
         num_replicas=2,
         request_router_config=RequestRouterConfig(
             request_router_class="meridian.ray.router:MeridianRouter",
+            request_router_kwargs={"hold": "headroom"},  # the default places at once
             request_routing_stats_period_s=0.2,
         ),
     )

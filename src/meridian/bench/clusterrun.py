@@ -28,11 +28,14 @@ from meridian.bench.simrun import (
     window_for,
 )
 from meridian.bench.summary import Sig6
-from meridian.core.routing import RoutingConfig
+from meridian.core.migration import MigrationConfig, MigrationPolicy
+from meridian.core.routing import RoutingConfig, RoutingPolicy
 from meridian.errors import MeridianError
 from meridian.sim.cluster import Cluster, ClusterRun, ModelReplica, Replica, VllmReplica
 from meridian.sim.engine import Engine, EngineConfig
+from meridian.sim.migration import MIGRATIONS, Migrator
 from meridian.sim.policies import PolicySpec, make_sim_policy, parse_policy
+from meridian.sim.presets import model_preset
 from meridian.sim.request import RequestSpec
 from meridian.sim.routers import make_router, parse_routers
 from meridian.sim.steptime import StepTimeModel
@@ -115,10 +118,28 @@ def run_cluster(
         stats_period_s=cluster.stats_period_s,
         config=cluster.routing,
     )
+    migrator = None
+    if router in MIGRATIONS:
+        kv_bytes = float(model_preset(run.model).kv_bytes_per_token)
+        routing = getattr(chooser, "policy", None)  # the same router state decides the moves
+        if not isinstance(routing, RoutingPolicy):
+            raise MeridianError(f"router {router}: migrations need Meridian's routing policy")
+        migrator = Migrator(
+            MigrationPolicy(routing, MigrationConfig()),
+            MIGRATIONS[router],
+            kv_bytes_per_token=kv_bytes,
+            step_model=step_model,
+            engine_config=engine_config,
+        )
     name = run_name(router, policy.name)
-    return Cluster(make_replica, cluster.replicas, chooser, name=name, on_progress=on_progress).run(
-        chosen
-    )
+    return Cluster(
+        make_replica,
+        cluster.replicas,
+        chooser,
+        name=name,
+        on_progress=on_progress,
+        migrator=migrator,
+    ).run(chosen)
 
 
 class HoldSummary(BaseModel):
@@ -150,6 +171,11 @@ class ClusterReport(SimReport):
     replicas: int
     stats_period_s: Sig6 | None = None
     holds: dict[str, HoldSummary]
+    migrations: dict[str, dict[str, int]] = Field(
+        default_factory=dict,
+        description="Each migrating run's moves by reason (preempted, waited, answer) and by "
+        "transfer (recompute, link).",
+    )
     kv_used_peak_replica: dict[str, Sig6] = Field(
         default_factory=dict,
         description="Each run's fullest replica: the largest share of one replica's KV blocks "
@@ -208,5 +234,10 @@ def simulate_cluster(
         stats_period_s=cluster.stats_period_s,
         holds={name: HoldSummary.of(run) for name, run in runs.items()},
         kv_used_peak_replica={k: replica_kv_peak(r, spec, requests) for k, r in runs.items()},
+        migrations={
+            k: {**r.migrations.by_reason, **r.migrations.by_transfer}
+            for k, r in runs.items()
+            if r.migrations is not None
+        },
     )
     return report, runs

@@ -21,7 +21,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from meridian.core.routing import DEFAULT_MAX_HOLD_S, DEFAULT_STATS_MAX_AGE_S, RoutingConfig
+from meridian.core.routing import (
+    DEFAULT_MAX_HOLD_S,
+    DEFAULT_STATS_MAX_AGE_S,
+    HOLDS,
+    Hold,
+    RoutingConfig,
+)
 from meridian.errors import MeridianError
 from meridian.vllm.preflight import Status, check_model
 
@@ -74,6 +80,13 @@ def register(commands: Any) -> None:
         help="a request held this long at the router is placed anyway (30)",
     )
     parser.add_argument(
+        "--hold",
+        choices=HOLDS,
+        default=Hold.NEVER.value,
+        help="when the router holds a request: never (the default), admission (no replica's vLLM "
+        "admission could take it), headroom (no replica's projected KV fits it); docs/cluster.md",
+    )
+    parser.add_argument(
         "--address",
         help="an existing Ray cluster to deploy onto, e.g. 10.0.0.1:6379 (default: start a "
         "local one on 127.0.0.1)",
@@ -114,7 +127,7 @@ def run_serve_cluster(args: argparse.Namespace) -> int:
         raise MeridianError(f"--engine-kwargs is not JSON: {exc}") from None
     if not isinstance(engine_kwargs, dict):
         raise MeridianError("--engine-kwargs must be a JSON object")
-    routing = RoutingConfig(args.stats_max_age_s, args.max_hold_s)
+    routing = RoutingConfig(args.stats_max_age_s, args.max_hold_s, Hold(args.hold))
     from meridian.ray import app as ray_app
 
     # What would fail in every replica a minute after Ray's start is said now.

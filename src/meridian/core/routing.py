@@ -23,15 +23,22 @@ replica's queue, bound to it, while another replica may free room first. So:
    KV the request would share its steps with (the projected load averaged over its expected
    life) lost to this: one replica whose projection appeared first drew the traffic of the
    others (ADR-0016 has the runs).
-3. **Hold when no replica fits**: the request waits at the router (Ray Serve retries it) and
-   goes to the first replica that frees room, instead of queueing behind one replica. A request
-   held :attr:`RoutingConfig.max_hold_s` is placed anyway (a starvation bound), on the replica
-   it overflows least.
+3. **Hold, if configured** (:attr:`RoutingConfig.hold`, a :class:`Hold`): the request waits at
+   the router (Ray Serve retries it) and goes to the first replica that frees room, instead of
+   queueing behind one replica. ``never`` (the default) places every request at once, on the
+   replica it overflows least when none fits; ``admission`` holds only when no replica's vLLM
+   admission could take it now (free KV blocks for its prompt, after the prompts of the requests
+   sent there that the stats do not count, and nothing waiting); ``headroom`` holds when no
+   replica fits its projection. Measured (4 x H100 / Qwen3-8B, ServeGen R1, 130 %, 300 s), the
+   headroom hold cost 12 s of TTFT P95 and bought no TTFVT (issue 45): hence off by default. A
+   request held :attr:`RoutingConfig.max_hold_s` is placed anyway (a starvation bound), on the
+   replica it overflows least.
 
 Stale statistics. Stats without a projection (a replica whose length model has not seen enough
 finished requests, or whose admission does not use it), missing stats and stats older than
 :attr:`RoutingConfig.stats_max_age_s` say nothing the router can hold on: such a replica ranks
-with those that fit, by this router's requests in flight on it, and never holds a request.
+with those that fit, by this router's requests in flight on it, and never holds a request (the
+``admission`` hold reads only the counts, so fresh stats without a projection can say there).
 Holding on information that cannot be trusted could hold forever.
 
 Failed replicas. A driver that sees a replica fail a request (its engine dead, a connection lost,
@@ -39,7 +46,7 @@ a server error) reports it (:meth:`RoutingPolicy.failed`): from then on the repl
 request until the driver reports that it answers again (:meth:`RoutingPolicy.answered`, with a
 time after the failure). A replica that fails fast looks the least loaded to every rule above,
 so without this it would draw the traffic. When every replica has failed, a request is held as
-when none fits.
+when none fits, whatever :attr:`RoutingConfig.hold` says (up to ``max_hold_s``).
 
 A new request's kind comes from its prompt's tail, as the replica's admission decides it
 (:func:`~meridian.core.format.expects_reasoning`, over
@@ -51,9 +58,11 @@ policy that reads them change together; apart, every new field would touch two m
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -67,7 +76,9 @@ from meridian.errors import ConfigError, MeridianError
 __all__ = [
     "DEFAULT_MAX_HOLD_S",
     "DEFAULT_STATS_MAX_AGE_S",
+    "HOLDS",
     "WIRE_VERSION",
+    "Hold",
     "NewRequest",
     "Projection",
     "ReplicaStats",
@@ -275,21 +286,50 @@ def _projection(raw: Any) -> Projection:
     )
 
 
+class Hold(Enum):
+    """When the router holds a request no replica can take (module docstring)."""
+
+    NEVER = "never"
+    ADMISSION = "admission"
+    HEADROOM = "headroom"
+
+    @classmethod
+    def parse(cls, value: object) -> Hold:
+        """``value`` as a :class:`Hold` (one already, or its name); a one-line
+        :class:`~meridian.errors.ConfigError` naming ``routing.hold`` otherwise."""
+        if isinstance(value, Hold):
+            return value
+        if value not in HOLDS:
+            raise ConfigError(f"routing.hold must be one of {', '.join(HOLDS)}; got {value!r}")
+        return cls(value)
+
+
+HOLDS = ("never", "admission", "headroom")
+
+
 @dataclass(frozen=True, slots=True)
 class RoutingConfig:
     """The router's knobs (module docstring): how old stats may be before they no longer hold
-    a request, and how long a request may be held."""
+    a request, how long a request may be held, and when it is held (``hold``: a :class:`Hold`
+    or its name).
+
+    >>> RoutingConfig(hold="headroom").hold
+    <Hold.HEADROOM: 'headroom'>
+    """
 
     stats_max_age_s: float = DEFAULT_STATS_MAX_AGE_S
     max_hold_s: float = DEFAULT_MAX_HOLD_S
+    hold: Hold = Hold.NEVER
 
     def __post_init__(self) -> None:
         for name in ("stats_max_age_s", "max_hold_s"):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ConfigError(
-                    f"routing {name} must be a positive number of seconds; got {value}"
+                    f"routing.{name} must be a positive number of seconds; got {value}"
                 )
+        # A name read from a file or a Ray Serve kwarg is taken as its Hold.
+        object.__setattr__(self, "hold", Hold.parse(self.hold))
 
 
 @dataclass(slots=True)
@@ -298,6 +338,19 @@ class _Placed:
 
     request: NewRequest
     routed_at: float
+
+
+@dataclass(slots=True)
+class _Unseen:
+    """The requests a replica's stats do not count (:func:`_unseen`), for one (stats, in-flight
+    version) pair, with their expected KV blocks on the stats' projection grid."""
+
+    stats: ReplicaStats
+    version: int
+    requests: list[NewRequest]
+    blocks: list[FloatArray] | None = None
+    # The sum of each request's largest expected blocks: at least their summed peak.
+    peak_bound: float = 0.0
 
 
 @dataclass(slots=True)
@@ -310,6 +363,61 @@ class _Replica:
     num_routed: int = 0
     # When the driver last saw it fail a request (None: it answers).
     failed_at: float | None = None
+    # Bumped whenever in_flight changes (the cached unseen requests are for one version), and
+    # whether in_flight's send times never decrease in its order (then the requests sent since a
+    # time are a suffix of it, counted from its end).
+    version: int = 0
+    in_order: bool = True
+    unseen_cache: _Unseen | None = None
+    # The stats whose bounds (largest load, largest survivals) ``bounds`` holds.
+    bounds_of: ReplicaStats | None = None
+    bounds: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def place(self, request_id: str, placed: _Placed) -> None:
+        """Record ``request_id`` in flight here (again: its send time changes in place)."""
+        if request_id in self.in_flight:
+            self.in_order = self.in_order and len(self.in_flight) == 1
+        elif self.in_flight:
+            last = next(reversed(self.in_flight.values()))
+            self.in_order = self.in_order and placed.routed_at >= last.routed_at
+        self.in_flight[request_id] = placed
+        self.version += 1
+
+    def remove(self, request_id: str) -> None:
+        """``request_id`` is no longer in flight here (unknown ids are ignored)."""
+        if self.in_flight.pop(request_id, None) is not None:
+            self.version += 1
+            if not self.in_flight:
+                self.in_order = True
+
+    def unseen(self, stats: ReplicaStats) -> _Unseen:
+        """:func:`_unseen` of ``stats``, computed once per stats and in-flight version."""
+        cached = self.unseen_cache
+        if cached is None or cached.stats is not stats or cached.version != self.version:
+            cached = self.unseen_cache = _Unseen(stats, self.version, _unseen(self, stats))
+        return cached
+
+    def unseen_blocks(self, stats: ReplicaStats, projection: Projection) -> _Unseen:
+        """:meth:`unseen` with each request's expected blocks on ``projection`` (``stats``')."""
+        cached = self.unseen(stats)
+        if cached.blocks is None:
+            blocks = [projection.request_blocks(r, stats.block_size) for r in cached.requests]
+            cached.blocks = blocks
+            cached.peak_bound = sum(float(np.max(b)) for b in blocks)
+        return cached
+
+    def load_bounds(
+        self, stats: ReplicaStats, projection: Projection
+    ) -> tuple[float, float, float]:
+        """The largest projected load and survivals (reasoning, chat) of ``stats``."""
+        if self.bounds_of is not stats:
+            self.bounds_of = stats
+            self.bounds = (
+                float(np.max(projection.load)),
+                float(np.max(projection.survival_reasoning)),
+                float(np.max(projection.survival_chat)),
+            )
+        return self.bounds
 
 
 def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
@@ -319,11 +427,44 @@ def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
     (in the replica's frontend, not yet in its scheduler) when the stats were measured: in a
     burst they are hundreds, and a replica that reported itself idle would otherwise take them
     all."""
-    placed = list(replica.in_flight.values())  # in the order they were placed
-    since = sum(p.routed_at >= stats.time_s for p in placed)
-    beyond = len(placed) - stats.num_running - stats.num_waiting
+    in_flight = replica.in_flight
+    if replica.in_order:  # those sent since are the latest: count from the end
+        since = len(in_flight)
+        for i, placed in enumerate(reversed(in_flight.values())):
+            if placed.routed_at < stats.time_s:
+                since = i
+                break
+    else:
+        since = sum(p.routed_at >= stats.time_s for p in in_flight.values())
+    beyond = len(in_flight) - stats.num_running - stats.num_waiting
     count = max(since, beyond)
-    return [p.request for p in placed[len(placed) - count :]] if count > 0 else []
+    if count <= 0:
+        return []
+    latest = list(itertools.islice(reversed(in_flight.values()), count))
+    return [p.request for p in reversed(latest)]  # in the order they were placed
+
+
+def _prompt_blocks(request: NewRequest, block_size: int) -> int:
+    """The KV blocks vLLM allocates for ``request``'s prompt when it admits it."""
+    return -(-request.num_prompt_tokens // block_size)
+
+
+def _peak(
+    stats: ReplicaStats,
+    projection: Projection,
+    unseen: list[FloatArray],
+    request: NewRequest,
+    now: float,
+) -> float:
+    """The projected KV peak of the replica ``stats`` describe with the ``unseen`` requests'
+    expected blocks and ``request`` added, its load aged by the steps run since ``stats``."""
+    elapsed = max(0.0, now - stats.time_s)
+    steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
+    load = projection.aged(steps)
+    for blocks in unseen:
+        load = load + blocks
+    need = projection.request_blocks(request, stats.block_size)
+    return float(np.max(load + need))
 
 
 # Rank tiers: replicas that can take the request (it fits their projection, or their stats cannot
@@ -366,19 +507,19 @@ class RoutingPolicy:
         before = self._placed_on.get(request_id)
         if before is not None and before != replica:
             moved_from = self._replicas[before]
-            moved_from.in_flight.pop(request_id, None)
+            moved_from.remove(request_id)
             moved_from.num_routed -= 1  # it went elsewhere: not one of this replica's
         target = self._replica(replica)
         if request_id not in target.in_flight:
             target.num_routed += 1
-        target.in_flight[request_id] = _Placed(request, now)
+        target.place(request_id, _Placed(request, now))
         self._placed_on[request_id] = replica
 
     def completed(self, request_id: str) -> None:
         """``request_id`` finished (or failed); unknown ids are ignored."""
         replica = self._placed_on.pop(request_id, None)
         if replica is not None:
-            self._replicas[replica].in_flight.pop(request_id, None)
+            self._replicas[replica].remove(request_id)
 
     def forget(self, replica: str) -> None:
         """``replica`` is gone: its stats and its in-flight requests with it."""
@@ -424,21 +565,51 @@ class RoutingPolicy:
         now: float,
         waited_s: float = 0.0,
     ) -> list[str]:
-        """``candidates`` best first, or ``[]`` to hold ``request`` (no replica has headroom for
-        it and it has waited less than ``max_hold_s``: ``waited_s`` since it reached the
+        """``candidates`` best first, or ``[]`` to hold ``request`` (:attr:`RoutingConfig.hold`
+        holds it and it has waited less than ``max_hold_s``: ``waited_s`` since it reached the
         router). Replicas out of rotation (:meth:`failed`) are left out while any other is a
         candidate; when all are, ``request`` is held as when none fits. Otherwise a permutation
         of ``candidates`` (duplicates are ranked once)."""
         names = set(candidates)
         working = {name for name in names if not self.is_failed(name)}
+        may_hold = waited_s < self.config.max_hold_s
         if working:
             names = working
-        elif waited_s < self.config.max_hold_s:
+        elif may_hold:
             return []
         keyed = sorted((self._key(name, request, now), name) for name in names)
-        if keyed and keyed[0][0][0] == _FULL and waited_s < self.config.max_hold_s:
+        if keyed and may_hold and self._holds(keyed, request, now):
             return []
         return [name for _, name in keyed]
+
+    def _holds(
+        self, keyed: list[tuple[tuple[int, float, int], str]], request: NewRequest, now: float
+    ) -> bool:
+        """Whether :attr:`RoutingConfig.hold` holds ``request`` over the ranked ``keyed``."""
+        hold = self.config.hold
+        if hold is Hold.HEADROOM:
+            return keyed[0][0][0] == _FULL
+        if hold is Hold.ADMISSION:
+            return not any(self.admits(name, request, now) is not False for _, name in keyed)
+        return False
+
+    def admits(self, replica: str, request: NewRequest, now: float) -> bool | None:
+        """Whether ``replica``'s vLLM admission could take ``request`` now: nothing waits there
+        and its free KV blocks, less the prompts of the requests sent there that its stats do
+        not count, hold the request's prompt (an idle replica always could); ``None`` where its
+        stats cannot say (none, or older than ``stats_max_age_s``)."""
+        found = self._replicas.get(replica) or _Replica()
+        stats = found.stats
+        if stats is None or now - stats.time_s > self.config.stats_max_age_s:
+            return None
+        unseen = found.unseen(stats).requests
+        if stats.num_running == 0 and stats.num_waiting == 0 and not unseen:
+            return True
+        if stats.num_waiting > 0:
+            return False
+        free = stats.num_kv_blocks - stats.num_kv_blocks_used
+        free -= sum(_prompt_blocks(placed, stats.block_size) for placed in unseen)
+        return free >= _prompt_blocks(request, stats.block_size)
 
     def headroom(self, replica: str, request: NewRequest, now: float) -> bool | None:
         """Whether ``replica`` fits ``request`` now; ``None`` where its stats cannot say."""
@@ -461,21 +632,65 @@ class RoutingPolicy:
             or now - stats.time_s > self.config.stats_max_age_s
         ):
             return _OPEN, float(len(replica.in_flight)), None
-        unseen = _unseen(replica, stats)
         projection = stats.projection
-        elapsed = max(0.0, now - stats.time_s)
-        steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
-        load = projection.aged(steps)
-        block_size = stats.block_size
-        for placed in unseen:
-            load = load + projection.request_blocks(placed, block_size)
-        need = projection.request_blocks(request, block_size)
+        unseen = replica.unseen_blocks(stats, projection)
+        assert unseen.blocks is not None
         budget = max(projection.budget, 1.0)
-        peak = float(np.max(load + need))
-        idle = stats.num_running == 0 and stats.num_waiting == 0 and not unseen
-        if peak > budget and not idle:
+        fits = _OPEN, float(len(replica.in_flight)), True
+        if stats.num_running == 0 and stats.num_waiting == 0 and not unseen.requests:
+            return fits  # idle
+        # NOTE: a bound first, the projection only where it cannot decide. Aging only reads
+        # later points of the load, so no aged load exceeds its largest point, and no request
+        # holds more than its prompt and bound times its kind's largest survival: when those
+        # together stay within the budget, so does the peak computed below (a margin for
+        # rounding). At 16 replicas most decisions end here (issue 45: the cost per decision).
+        load_max, surv_reasoning, surv_chat = replica.load_bounds(stats, projection)
+        last = float(projection.grid[-1])
+        generated = last if request.max_tokens is None else min(last, float(request.max_tokens))
+        surv = surv_reasoning if request.reasoning else surv_chat
+        need_max = ((request.num_prompt_tokens + generated) / stats.block_size + 0.5) * surv
+        if load_max + unseen.peak_bound + need_max <= budget * (1.0 - 1e-9):
+            return fits
+        peak = _peak(stats, projection, unseen.blocks, request, now)
+        if peak > budget:
             return _FULL, (peak - budget) / budget, False
-        return _OPEN, float(len(replica.in_flight)), True
+        return fits
+
+    # -- what a migration asks (meridian.core.migration) ---------------------------------------
+
+    def stats_of(self, replica: str, now: float) -> ReplicaStats | None:
+        """``replica``'s stats if it reported some no older than ``stats_max_age_s``."""
+        found = self._replicas.get(replica)
+        stats = None if found is None else found.stats
+        if stats is None or now - stats.time_s > self.config.stats_max_age_s:
+            return None
+        return stats
+
+    def margin(self, replica: str, request: NewRequest, now: float) -> float | None:
+        """The share of ``replica``'s budget left at its projected peak with ``request`` added
+        (below 0: it overflows); ``None`` without a fresh projection."""
+        stats = self.stats_of(replica, now)
+        if stats is None or stats.projection is None:
+            return None
+        unseen = self._replicas[replica].unseen_blocks(stats, stats.projection)
+        assert unseen.blocks is not None
+        budget = max(stats.projection.budget, 1.0)
+        return (budget - _peak(stats, stats.projection, unseen.blocks, request, now)) / budget
+
+    def free_share(self, replica: str, request: NewRequest, now: float) -> float | None:
+        """The share of ``replica``'s KV blocks free once the prompts of the requests sent since
+        its stats and ``request``'s tokens are in (below 0: they do not fit; -1 while requests
+        wait there); ``None`` without fresh stats."""
+        stats = self.stats_of(replica, now)
+        if stats is None or stats.num_kv_blocks == 0:
+            return None
+        if stats.num_waiting > 0:
+            return -1.0
+        unseen = self._replicas[replica].unseen(stats).requests
+        free = stats.num_kv_blocks - stats.num_kv_blocks_used
+        free -= sum(_prompt_blocks(placed, stats.block_size) for placed in unseen)
+        free -= _prompt_blocks(request, stats.block_size)
+        return free / stats.num_kv_blocks
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` if the in-flight tables disagree."""

@@ -153,6 +153,7 @@ def cluster_app(
                 "config": None if loaded.source is None else str(loaded.source.resolve()),
                 "stats_max_age_s": routing.stats_max_age_s,
                 "max_hold_s": routing.max_hold_s,
+                "hold": routing.hold.value,
             },
             "request_routing_stats_period_s": stats_period_s,
         }

@@ -37,8 +37,8 @@ replicas that died (forgotten).
 
 ``initialize_state`` takes ``request_router_kwargs``: ``model_family`` (the reasoning-model
 family whose boundaries tell a request's kind; default: the generic ``<think>`` tags),
-``config`` (a meridian.toml path for ``[model.NAME]`` families), ``stats_max_age_s`` and
-``max_hold_s`` (:class:`~meridian.core.routing.RoutingConfig`).
+``config`` (a meridian.toml path for ``[model.NAME]`` families), ``stats_max_age_s``,
+``max_hold_s`` and ``hold`` (:class:`~meridian.core.routing.RoutingConfig`).
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from meridian.config import ModelDefinition, load_config
 from meridian.core.routing import (
     DEFAULT_MAX_HOLD_S,
     DEFAULT_STATS_MAX_AGE_S,
+    Hold,
     NewRequest,
     ReplicaStats,
     RoutingConfig,
@@ -95,9 +96,12 @@ class MeridianRouter(RequestRouter):
         config: str | None = None,
         stats_max_age_s: float = DEFAULT_STATS_MAX_AGE_S,
         max_hold_s: float = DEFAULT_MAX_HOLD_S,
+        hold: str = Hold.NEVER.value,
         **_: Any,
     ) -> None:
-        self.meridian_policy = RoutingPolicy(RoutingConfig(stats_max_age_s, max_hold_s))
+        self.meridian_policy = RoutingPolicy(
+            RoutingConfig(stats_max_age_s, max_hold_s, Hold.parse(hold))
+        )
         self._definition = family_definition(model_family, config)
         # The routing_stats dict last read per replica (a new poll brings a new dict).
         self._read: dict[str, Any] = {}

@@ -19,8 +19,10 @@ request is placed, the task takes the next one at once. A router that never hold
 request at its arrival.
 
 At one instant: the stats refresh, then arrivals, then retries, then the engines' events in
-replica order (a completion reaches the router when its engine handles it). Deterministic: the
-same streams, seed and router give the same run.
+replica order (a completion reaches the router when its engine handles it), then, with a
+migrator (:mod:`meridian.sim.migration`), the moves it decides on the preemptions and
+``</think>`` tokens the engines reported (long waits it looks for at each stats refresh).
+Deterministic: the same streams, seed and router give the same run.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from meridian.core.policy import MeridianPolicy
 from meridian.core.replica_stats import ReplicaStatsRecorder
 from meridian.core.routing import NewRequest, ReplicaStats
 from meridian.core.types import Phase
+from meridian.errors import MeridianError
 from meridian.sim.engine import Engine, SimulationError
+from meridian.sim.migration import MigrationCounts, Migrator
 from meridian.sim.records import RunCounters, SimResult, TimeSample
 from meridian.sim.routers import ClusterRouter
 from meridian.sim.streams import SIM_FORMAT, Stream
@@ -180,12 +184,14 @@ class _Held:
 @dataclass(slots=True)
 class ClusterRun:
     """A cluster run: the merged result (every replica's requests and counters), each replica's
-    own, and the router's holds (requests held at least once; how long each waited)."""
+    own, the router's holds (requests held at least once; how long each waited) and, with a
+    migrator, its moves."""
 
     result: SimResult
     replicas: list[SimResult]
     num_held: int
     hold_s: list[float] = field(default_factory=list)
+    migrations: MigrationCounts | None = None
 
 
 def new_request(stream: Stream) -> NewRequest:
@@ -206,6 +212,7 @@ class Cluster:
         *,
         name: str,
         on_progress: Callable[[int], None] | None = None,
+        migrator: Migrator | None = None,
     ) -> None:
         self.router = router
         self.name = name
@@ -215,6 +222,23 @@ class Cluster:
         self.replicas = [make_replica(self._finished) for _ in range(num_replicas)]
         self._max_tasks = min(MAX_ROUTING_TASKS, 2 * num_replicas)
         self._samples: list[TimeSample] = []
+        self.migrator = migrator
+        # A router that reads the engines themselves (the clairvoyant reference) is given them.
+        attach = getattr(router, "attach", None)
+        if migrator is not None or attach is not None:
+            engines = [r.engine for r in self.replicas if isinstance(r, ModelReplica)]
+            if len(engines) != num_replicas:
+                raise MeridianError(f"router {router.name}: needs the fast engine (--engine model)")
+            if attach is not None:
+                attach(engines)
+            if migrator is not None:
+                names = [f"r{i:03d}" for i in range(num_replicas)]
+                migrator.attach(engines, names, self._placed.__getitem__, self._moved)
+        self._describe: Callable[[Stream], NewRequest] = getattr(router, "describe", new_request)
+
+    def _moved(self, request_id: str, target: int, request: NewRequest, now_ns: int) -> None:
+        self._placed[request_id] = target
+        self.router.routed(target, request_id, request, now_ns / NS)
 
     def _finished(self, request_id: str) -> None:
         self.router.completed(self._placed[request_id], request_id)
@@ -274,11 +298,13 @@ class Cluster:
                 for k, replica in enumerate(replicas):
                     router.observe(k, replica.stats(now, phases=phases, projection=projection))
                 next_refresh += refresh_ns or 0
+                if self.migrator is not None:
+                    self.migrator.scan_waits(now)
             if now == next_sample:
                 self._sample(now, len(pending) + len(retries))
                 next_sample += SAMPLE_PERIOD_NS
             while i < len(arrivals) and arrivals[i].spec.arrival_ns == now:
-                pending.append(_Held(arrivals[i], new_request(arrivals[i])))
+                pending.append(_Held(arrivals[i], self._describe(arrivals[i])))
                 i += 1
             ready: list[_Held] = []
             while retries and retries[0][0] == now:
@@ -292,12 +318,15 @@ class Cluster:
                     active += 1
             for replica in replicas:
                 replica.advance(now)
+            if self.migrator is not None:
+                self.migrator.act(now)
         results = [r.result() for r in replicas]
         return ClusterRun(
             result=self._merge(streams, results),
             replicas=results,
             num_held=len(hold_s),
             hold_s=hold_s,
+            migrations=None if self.migrator is None else self.migrator.counts,
         )
 
     def _sample(self, now: int, num_held: int) -> None:

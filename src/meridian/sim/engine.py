@@ -180,6 +180,14 @@ class Engine:
         self._busy = False
         #: Called with each request that generated its last token (the cluster's router).
         self.on_finish: Callable[[SimRequest], None] | None = None
+        #: The cluster's migrations (:mod:`meridian.sim.migration`): told of each preemption and
+        #: each ``</think>`` generated (a request starting to answer); ``on_adopt`` tracks a
+        #: request moved here in place of the policy's ``on_arrival``. Callbacks must not change
+        #: the engine: a migration happens between events (:meth:`take`, :meth:`adopt`).
+        self.on_preempted: Callable[[SimRequest], None] | None = None
+        self.on_answer: Callable[[SimRequest], None] | None = None
+        self.on_adopt: Callable[[SimRequest], None] | None = None
+        self._adopted: set[str] = set()
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -211,6 +219,61 @@ class Engine:
         self._requests.append(req)
         heapq.heappush(self._heap, (at_ns, _ARRIVAL, next(self._seq), req))
 
+    def take(self, request_id: str) -> SimRequest:
+        """Take a running or waiting request off this engine (it moves to another): its KV
+        blocks freed, out of the step in flight (whose tokens for it are lost, as an aborted
+        request's), out of this engine's records. Between events only."""
+        req = next((r for r in self.running if r.request_id == request_id), None)
+        if req is not None:
+            self.running.remove(req)
+            self._scheduled = [(r, n) for r, n in self._scheduled if r is not req]
+        else:
+            req = next(r for r in self.queued() if r.request_id == request_id)
+            if self.policy.uses_priority:
+                self._waiting_heap = [(k, r) for k, r in self._waiting_heap if r is not req]
+                heapq.heapify(self._waiting_heap)
+            else:
+                self.waiting.remove(req)
+        self.pool.free(request_id)
+        self._requests.remove(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        return req
+
+    def adopt(self, req: SimRequest, at_ns: int, *, num_computed_tokens: int = 0) -> None:
+        """``req``, taken off another engine (:meth:`take`), arrives at ``at_ns``: with its KV
+        for ``num_computed_tokens`` tokens (sent over a link: it joins the running requests when
+        the blocks are free, else it waits and recomputes) or none (it waits, and its prefill
+        recomputes its prompt and generated tokens before it decodes again)."""
+        if not 0 <= num_computed_tokens < req.num_tokens:
+            raise SimulationError(
+                f"request {req.request_id}: {num_computed_tokens} computed of {req.num_tokens}"
+            )
+        req.num_computed_tokens = num_computed_tokens
+        self._requests.append(req)
+        self._adopted.add(req.request_id)
+        heapq.heappush(self._heap, (at_ns, _ARRIVAL, next(self._seq), req))
+
+    def _arrive(self, req: SimRequest) -> None:
+        computed = req.num_computed_tokens
+        if req.request_id in self._adopted:
+            self._adopted.discard(req.request_id)
+            pool = self.pool
+            if computed and pool.blocks_for(computed) <= pool.num_free_blocks:
+                pool.allocate(req.request_id, pool.blocks_for(computed))
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+            else:
+                req.num_computed_tokens = 0
+                self._enqueue(req)
+            if self.on_adopt is not None:
+                self.on_adopt(req)
+            else:
+                self.policy.on_arrival(req)
+            return
+        self._enqueue(req)
+        self.policy.on_arrival(req)
+
     def next_event_ns(self) -> int | None:
         """When the engine next has something to do (``None``: nothing until an arrival)."""
         return self._heap[0][0] if self._heap else None
@@ -223,8 +286,7 @@ class Engine:
             self.now_ns = time_ns
             if kind == _ARRIVAL:
                 assert payload is not None
-                self._enqueue(payload)
-                self.policy.on_arrival(payload)
+                self._arrive(payload)
             else:
                 self._finish_step()
                 self._busy = False
@@ -410,6 +472,8 @@ class Engine:
         req.status = RequestStatus.WAITING
         self.running.remove(req)
         self._enqueue(req, front=True)
+        if self.on_preempted is not None:
+            self.on_preempted(req)
         return restored
 
     def _finish_step(self) -> None:
@@ -438,6 +502,8 @@ class Engine:
                 tokens.append([token])
                 if num_output + 1 == stream.num_output_tokens:
                     done.append(req)
+                elif stream.is_reasoning and num_output == stream.num_think and self.on_answer:
+                    self.on_answer(req)  # it generated its </think>
         self._scheduled = []
         if ids:
             self.policy.on_tokens(ids, tokens, step)

@@ -5,8 +5,22 @@ those that read replica stats, the stats as last refreshed (every ``stats_period
 ================  ==================================================================================
 ``meridian``      Meridian's routing policy (:class:`~meridian.core.routing.RoutingPolicy`, the
                   object Ray Serve runs in :mod:`meridian.ray.router`): projected KV headroom,
-                  holds a request no replica fits. Stats every 1 s (Meridian's deployment polls
-                  at ``request_routing_stats_period_s = 1``).
+                  never holds (its default, ``hold = never``). Stats every 1 s (Meridian's
+                  deployment polls at ``request_routing_stats_period_s = 1``).
+``meridian-hold`` The same, holding a request no replica's projection fits (``hold = headroom``).
+``meridian-hold-admission``
+                  The same, holding a request only when no replica's vLLM admission could take it
+                  (``hold = admission``).
+``meridian-replace``
+                  ``meridian`` with re-placement by recompute (:mod:`meridian.sim.migration`): a
+                  request preempted on a replica, or waiting there over 10 s, moves to the replica
+                  with the most room, whose prefill recomputes it. An upper bound: no driver yet.
+``meridian-move``  ``meridian`` with answer streams moved at ``</think>`` from a replica under
+                  pressure to one with room, over a 25 GB/s link or recomputed, whichever is
+                  quicker (:mod:`meridian.sim.migration`). An upper bound: no driver yet.
+``clairvoyant``   A reference no router can be: Meridian's ranking (hold never) over every
+                  replica's true state at each decision (its requests' true remaining lengths and
+                  progress, on the KV cache's real size) and the request's true length.
 ``pow2``          Ray Serve's default, ``PowerOfTwoChoicesRequestRouter``
                   (``ray/serve/_private/request_router/pow_2_router.py``, Ray 2.60): two distinct
                   replicas at random, the one with the shorter queue; the queue is the replica's
@@ -39,11 +53,18 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
-from meridian.core.routing import NewRequest, ReplicaStats, RoutingConfig, RoutingPolicy
+import numpy as np
+import numpy.typing as npt
+
+from meridian.core import routing
+from meridian.core.routing import Hold, NewRequest, ReplicaStats, RoutingConfig, RoutingPolicy
 from meridian.errors import MeridianError
+from meridian.sim.streams import SIM_FORMAT, Stream
+
+FloatArray = npt.NDArray[np.float64]
 
 __all__ = ["ROUTERS", "ClusterRouter", "make_router"]
 
@@ -125,10 +146,12 @@ class _CountingBaseline(_Baseline):
 class MeridianClusterRouter:
     """The core routing policy over replicas named ``r000``, ``r001``, ... (in index order)."""
 
-    name = "meridian"
     needs_projection = True
 
-    def __init__(self, num_replicas: int, config: RoutingConfig, stats_period_s: float) -> None:
+    def __init__(
+        self, num_replicas: int, config: RoutingConfig, stats_period_s: float, name: str
+    ) -> None:
+        self.name = name
         self.policy = RoutingPolicy(config)
         self.names = [f"r{i:03d}" for i in range(num_replicas)]
         self._index = {name: i for i, name in enumerate(self.names)}
@@ -254,7 +277,100 @@ class PascalLikeRouter(_Baseline):
         self.sent[replica].append((now_s, request.reasoning))
 
 
-ROUTERS = ("meridian", "pow2", "round-robin", "vllm-dp", "pascal-like")
+class ClairvoyantRouter:
+    """The clairvoyant reference (module docstring): fresh, true stats of every replica at each
+    decision, for :class:`~meridian.core.routing.RoutingPolicy` to rank by."""
+
+    name = "clairvoyant"
+    needs_projection = False
+    stats_period_s: float | None = None
+    GRID_POINTS = 64
+
+    def __init__(self, num_replicas: int) -> None:
+        self.policy = RoutingPolicy(RoutingConfig(hold=Hold.NEVER))
+        self.names = [f"r{i:03d}" for i in range(num_replicas)]
+        self.engines: list[Any] = []
+
+    def attach(self, engines: list[Any]) -> None:
+        """The replicas' fast engines (:class:`~meridian.sim.engine.Engine`), read at every
+        decision."""
+        self.engines = engines
+
+    @staticmethod
+    def describe(stream: Stream) -> NewRequest:
+        """The request with its true length as its bound."""
+        phase = SIM_FORMAT.initial_phase(stream.prompt_tail())
+        return NewRequest(phase, stream.spec.num_prompt_tokens, stream.num_output_tokens)
+
+    def observe(self, replica: int, stats: ReplicaStats) -> None:
+        pass
+
+    def choose(self, request: NewRequest, now_s: float, waited_s: float) -> int | None:
+        engines = self.engines
+        states = [
+            [(r.num_tokens, r.stream.num_output_tokens - r.num_output_tokens)
+             for r in (*e.running, *e.queued())]
+            for e in engines
+        ]  # fmt: skip
+        longest = max([request.max_tokens or 1, *(g for s in states for _, g in s)])
+        grid = np.linspace(0.0, float(longest), self.GRID_POINTS)
+        ones = np.ones_like(grid)
+        for k, (engine, state) in enumerate(zip(engines, states, strict=True)):
+            self.policy.observe(self.names[k], _true_stats(engine, state, grid, ones, now_s))
+        ranked = self.policy.rank(self.names, request, now_s, waited_s)
+        return self.names.index(ranked[0])
+
+    def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
+        self.policy.routed(self.names[replica], request_id, request, now_s)
+
+    def completed(self, replica: int, request_id: str) -> None:
+        self.policy.completed(request_id)
+
+
+def _true_stats(
+    engine: Any, state: list[tuple[int, int]], grid: FloatArray, ones: FloatArray, now_s: float
+) -> ReplicaStats:
+    """A replica's true stats now: the KV its requests hold at each grid step from now (their
+    tokens so far plus those generated by then, while they run), on its real cache."""
+    pool = engine.pool
+    block_size = engine.config.block_size_tokens
+    load = np.zeros_like(grid)
+    if state:
+        tokens, remaining = np.asarray(state, dtype=np.float64).T
+        alive = grid[None, :] < remaining[:, None]
+        held = (tokens[:, None] + np.minimum(grid[None, :], remaining[:, None])) / block_size + 0.5
+        load = (held * alive).sum(axis=0)
+    usable = pool.num_usable_blocks
+    return ReplicaStats(
+        time_s=now_s,
+        num_running=len(engine.running),
+        num_waiting=len(state) - len(engine.running),
+        num_answering=0,
+        num_thinking=0,
+        num_kv_blocks=usable,
+        num_kv_blocks_used=usable - pool.num_free_blocks,
+        block_size=block_size,
+        projection=routing.Projection(grid, load, float(usable), ones, ones),
+    )
+
+
+# Meridian's router under each hold setting, by router name.
+MERIDIAN_HOLDS = {
+    "meridian": Hold.NEVER,
+    "meridian-hold": Hold.HEADROOM,
+    "meridian-hold-admission": Hold.ADMISSION,
+}
+# Meridian's router (hold never) with a migration (meridian.sim.migration), by router name.
+MERIDIAN_MIGRATIONS = ("meridian-replace", "meridian-move")
+ROUTERS = (
+    *MERIDIAN_HOLDS,
+    *MERIDIAN_MIGRATIONS,
+    "clairvoyant",
+    "pow2",
+    "round-robin",
+    "vllm-dp",
+    "pascal-like",
+)
 
 
 def make_router(
@@ -269,9 +385,12 @@ def make_router(
     ``stats_period_s`` overrides its stats period (``None``: its system's own)."""
     if num_replicas < 1:
         raise MeridianError(f"--replicas must be >= 1; got {num_replicas}")
-    if name == "meridian":
+    if name in MERIDIAN_HOLDS or name in MERIDIAN_MIGRATIONS:
         period = stats_period_s or RAY_STATS_PERIOD_S
-        return MeridianClusterRouter(num_replicas, config or RoutingConfig(), period)
+        chosen = replace(config or RoutingConfig(), hold=MERIDIAN_HOLDS.get(name, Hold.NEVER))
+        return MeridianClusterRouter(num_replicas, chosen, period, name)
+    if name == "clairvoyant":
+        return ClairvoyantRouter(num_replicas)
     if name == "pow2":
         return PowerOfTwoRouter(num_replicas, seed)
     if name == "round-robin":
