@@ -20,8 +20,9 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
+from meridian.core.admission import ADMISSION_CANDIDATES
 from meridian.core.interface import PolicyStats
-from meridian.core.policy import ADMISSION_CANDIDATES, MeridianPolicy, TrackingPolicy
+from meridian.core.policy import MeridianPolicy, TrackingPolicy
 from meridian.core.tracking import UntrackedRequestsError
 from meridian.vllm.adapter_parts import UPDATE, AdapterParts
 from meridian.vllm.failopen import Guard
@@ -103,8 +104,7 @@ class MeridianScheduler(Scheduler):
             request.kv_transfer_params = {**params, PROMPT_TOKENS_KEY: request.num_prompt_tokens}
         super().add_request(request)
         if is_new:
-            # Tracked at the next schedule() (_track_new) as added now (None: track() reads it).
-            added_at = None
+            added_at = None  # tracked at the next schedule(), as added now (None: track() reads it)
             with self._guarded("add_request", request.request_id, None):
                 added_at = self.meridian_policy.clock()
             self._new_requests[request.request_id] = (request, added_at)
