@@ -22,14 +22,12 @@ from meridian.core import headroom
 from meridian.core.budget import RequestBudget
 from meridian.core.format import ReasoningFormat
 from meridian.core.headroom import MIN_SAMPLES
+from meridian.core.interface import output_budget_setting
 from meridian.core.output_budget import BUDGET_REFIT_STEPS
-from meridian.core.policy import (
-    READMIT_GUARD_STEPS,
-    MeridianPolicy,
-    RequestState,
-    UntrackedRequestsError,
-    output_budget_setting,
-)
+from meridian.core.planner import READMIT_GUARD_STEPS
+from meridian.core.policy import MeridianPolicy
+from meridian.core.state import RequestState
+from meridian.core.tracking import UntrackedRequestsError
 from meridian.core.types import EnterThink, ExitThink, ForceBudget, ForceReason, Phase, PhaseEvent
 
 START, END = 3, 4

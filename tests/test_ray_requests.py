@@ -41,6 +41,64 @@ def test_the_kind_of_a_prompt_is_the_phase_routers_on_its_tokens(
     assert prompt_phase(text, definition) is model.initial_phase(tokenize(text))
 
 
+# Stand-in ids for the families' tokens that are not markers: "/no_think" is several tokens.
+NO_THINK_IDS, NEWLINE_ID = (901, 902, 903), 10
+_WORDS: dict[str, int] = {}
+
+
+def family_rules(name: str) -> tuple[ReasoningFormat, re.Pattern[str], dict[str, tuple[int, ...]]]:
+    """The family's phase router (its marker ids; a prose marker's words get ids, as in
+    test_kind.py) and a toy tokenizer's pieces: markers, "/no_think" and newlines as their ids,
+    every other character one id."""
+    definition = BUNDLED_MODELS[name]
+
+    def ids_of(marker: str, configured: list[int] | None) -> tuple[int, ...]:
+        if configured is not None:
+            return tuple(configured)
+        return tuple(_WORDS.setdefault(w, 1000 + len(_WORDS)) for w in marker.split())
+
+    start = ids_of(definition.think_start, definition.think_start_token_ids)
+    end = ids_of(definition.think_end, definition.think_end_token_ids)
+    boundaries = BoundaryIds(start, end, frozenset({NEWLINE_ID}))
+    model = ReasoningFormat.from_boundaries(definition, boundaries, NO_THINK_IDS)
+    special = {
+        definition.think_start: start,
+        definition.think_end: end,
+        "/no_think": NO_THINK_IDS,
+        "\n": (NEWLINE_ID,),
+    }
+    longest_first = sorted(special, key=len, reverse=True)
+    piece = re.compile("|".join(re.escape(s) for s in longest_first) + "|.", re.DOTALL)
+    return model, piece, special
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_r1", "gpt_oss", "granite_3_2"])
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_the_kind_of_a_text_prompt_is_core_initial_phase_on_its_tokens(
+    name: str, data: st.DataObject
+) -> None:
+    definition = BUNDLED_MODELS[name]
+    model, piece, special = family_rules(name)
+    start, end = definition.think_start, definition.think_end
+    words = [start, end, start[:4], end[-4:], "\n", "\n\n", " ", "a", "Q:", "/no_think"]
+    text = "".join(data.draw(st.lists(st.sampled_from(words), max_size=8)))
+    tokens = [i for p in piece.findall(text) for i in special.get(p, (100_000 + ord(p[0]),))]
+    assert prompt_phase(text, definition) is model.initial_phase(tokens)
+
+
+def test_each_rule_of_the_kind_on_text() -> None:
+    qwen3, gpt_oss = BUNDLED_MODELS["qwen3"], BUNDLED_MODELS["gpt_oss"]
+    assert prompt_phase("Q: hi /no_think<think>", qwen3) is Phase.OUTPUT  # qwen3 supports it
+    assert prompt_phase("Q: hi", qwen3) is Phase.THINK  # the template opens the block
+    assert prompt_phase("Q: hi", gpt_oss) is Phase.PREFILL  # the model may open one
+    analysis = gpt_oss.think_start
+    assert prompt_phase(f"Q{analysis}\n", gpt_oss) is Phase.THINK
+    assert prompt_phase(f"Q{analysis}half an idea", gpt_oss) is Phase.THINK  # started in prompt
+    assert prompt_phase(f"Q{analysis}x{gpt_oss.think_end}\n", gpt_oss) is Phase.OUTPUT
+    assert prompt_phase(f"Q{analysis}x{gpt_oss.think_end}more", gpt_oss) is Phase.PREFILL
+
+
 def test_chat_and_completion_bodies() -> None:
     qwen3 = BUNDLED_MODELS["qwen3"]
     chat = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 64}

@@ -20,7 +20,7 @@ from meridian.core.signals import EntropyProbe
 from meridian.core.types import ForceReason
 from meridian.errors import ConfigError
 
-__all__ = ["BudgetPolicy", "ForceDecision", "RequestBudget", "Signals"]
+__all__ = ["BudgetPolicy", "ForceDecision", "RequestBudget", "Signals", "think_cap"]
 
 
 def _is_positive_int(value: object) -> bool:
@@ -77,6 +77,19 @@ class RequestBudget:
         cap = self.max_think_tokens
         if cap is not None and not _is_positive_int(cap):
             raise ValueError(f"max_think_tokens must be a positive integer or None; got {cap!r}")
+
+
+def think_cap(budget: RequestBudget | None, default: int) -> int | None:
+    """Where a request's hard-cap force ends (``default``: the config's; ``None``: no forcing).
+
+    >>> think_cap(None, 100), think_cap(RequestBudget(50), 100)
+    (100, 50)
+    >>> think_cap(RequestBudget(forcing=False), 100) is None
+    True
+    """
+    if budget is None:
+        return default
+    return (budget.max_think_tokens or default) if budget.forcing else None
 
 
 class BudgetPolicy:

@@ -8,14 +8,15 @@ happens, and before each step asks for a :class:`Plan` over its running requests
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, NotRequired, Protocol, TypedDict, TypeVar
 
 from meridian.core.types import Phase, PhaseEvent
 
 __all__ = [
     "EngineRequest",
+    "EngineShape",
     "Plan",
     "PolicyListener",
     "PolicyStats",
@@ -31,6 +32,19 @@ def output_budget_setting(rows: int | Literal["auto"]) -> int | Literal["auto"] 
     (True, 'auto', 8)
     """
     return "auto" if rows == "auto" else (rows or None)
+
+
+class EngineShape(TypedDict):
+    """What a driver tells the policy of its engine (``TrackingPolicy.from_config``): the KV block
+    size, the running-request cap, the policy's clock, the tokens one step can schedule
+    (``None``: plan every change), the think-end marker's length, the listener."""
+
+    block_size: int
+    capacity: int
+    clock: Callable[[], float]
+    max_step_tokens: int | None
+    transition_len: NotRequired[int]
+    listener: NotRequired[PolicyListener | None]
 
 
 class EngineRequest(Protocol):

@@ -200,6 +200,10 @@ class DualQueue:
         count in the output queue); ``(0, 0)`` before the first."""
         return self._last_sizes
 
+    def gauges(self) -> tuple[int, int, int, int]:
+        """(output, think) queue depths and the last step's (output, think) batch sizes."""
+        return self.num_output_queued, self._num_think_queued, *self._last_sizes
+
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._entries
 

@@ -70,7 +70,6 @@ class Planner:
         capacity: int,
         output_budget: OutputBudget,
         max_step_tokens: int | None,
-        pacer: AnswerPacer | None,
         clock: Callable[[], float],
         last_answer_step: Callable[[str], int | None],
         token_time: Callable[[int], float | None],
@@ -84,7 +83,8 @@ class Planner:
         self.preempt_max_fraction = float(config.preempt_max_fraction)
         # The engine's token budget per step; None: unknown, every change is re-planned.
         self.max_step_tokens = max_step_tokens
-        self.pacer = pacer
+        pace_s = float(config.answer_pace_ms) / 1000.0
+        self.pacer = AnswerPacer(pace_s) if pace_s else None
         self.clock = clock
         self._last_answer_step = last_answer_step
         self._token_time = token_time
@@ -159,6 +159,13 @@ class Planner:
         self.queues.serve_all()
 
     # -- the plan -------------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raise ``AssertionError`` if the dual queue is broken or holds an untracked request."""
+        self.queues.check_integrity()
+        stray = [rid for rid in self.queues.ids() if rid not in self.states]
+        if stray:
+            raise AssertionError(f"queued but not tracked: {stray}")
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         """The plan of the coming step over ``running``; ``num_free_blocks`` is the engine's free

@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from meridian.core.policy import EngineRequest, MeridianPolicy
+from meridian.core.interface import EngineRequest
+from meridian.core.policy import MeridianPolicy
 from meridian.core.routing import ReplicaStats
 from meridian.core.types import Phase
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
 from meridian.core.format import ReasoningFormat
-from meridian.core.interface import PolicyListener, PolicyStats
+from meridian.core.interface import EngineRequest, PolicyListener, PolicyStats
 from meridian.core.pacing import StepTimes
 from meridian.core.rows import SteadyRows
 from meridian.core.state import (
@@ -204,6 +204,21 @@ class Tracker:
         if st is None:
             return None
         return st.num_think_tokens, st.num_answer_tokens(num_output_tokens)
+
+    def blocks_by_phase(
+        self, requests: Iterable[EngineRequest], block_size: int
+    ) -> tuple[int, int]:
+        """KV blocks ``requests`` hold for their computed tokens: (not answering, answering)."""
+        states, output = self.states, OUTPUT
+        thinking = answering = 0
+        for request in requests:
+            blocks = -(-request.num_computed_tokens // block_size)
+            st = states.get(request.request_id)
+            if st is not None and st.phase is output:
+                answering += blocks
+            else:
+                thinking += blocks
+        return thinking, answering
 
     def check_integrity(self) -> None:
         """Raise ``AssertionError`` naming the first request whose state is inconsistent."""

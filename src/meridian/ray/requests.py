@@ -3,18 +3,12 @@
 Ray Serve hands the router the request as the ingress received it: a chat or completion body,
 not tokens. The router needs its kind and size (:class:`~meridian.core.routing.NewRequest`):
 
-- **The kind**, from the prompt's tail, by the rules the replica's phase router applies to the
-  tokens (:meth:`~meridian.core.format.ReasoningFormat.initial_phase`, built by the replica
-  from the family's boundaries as :mod:`meridian.vllm.runtime` builds it), applied to the text:
-  a prompt with ``/no_think`` (families that support it) answers; one ending with
-  ``think_start`` thinks, one ending with ``think_end`` answers; one whose last
-  ``think_start`` is not closed thinks (the reasoning started in the prompt); otherwise it
-  thinks when the family's template opens the think block in the prompt
-  (``think_starts_in_prompt``), else it is undecided (``PREFILL``: the model may open a block;
-  counted as reasoning). A chat request's prompt is the template's rendering: its generation
-  prompt opens the block for such families, and ``chat_template_kwargs`` with
-  ``enable_thinking`` (Qwen3) or ``thinking`` (DeepSeek-V3.1) false closes it (the request
-  answers). A completion whose prompt is token ids is undecided.
+- **The kind**: the phase router's rules (:meth:`~meridian.core.format.ReasoningFormat.
+  initial_phase`) applied to the prompt's text, cut into the family's markers, newlines and the
+  rest (:func:`prompt_phase`). A chat request's rendered prompt ends with the template's
+  generation prompt, so the family's own default decides, unless ``chat_template_kwargs`` with
+  ``enable_thinking`` (Qwen3) or ``thinking`` (DeepSeek-V3.1) false closes the block (it
+  answers). A completion whose prompt is token ids is undecided (``PREFILL``).
 - **The prompt length**, estimated at :data:`CHARS_PER_TOKEN` characters a token (the router has
   no tokenizer; the prompt weighs little beside a reasoning request's growth), exact for token
   ids.
@@ -23,10 +17,13 @@ not tokens. The router needs its kind and size (:class:`~meridian.core.routing.N
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meridian.config import ModelDefinition
+from meridian.config.boundaries import BoundaryIds
+from meridian.core.format import ReasoningFormat
 from meridian.core.routing import NewRequest
 from meridian.core.types import Phase
 
@@ -36,12 +33,16 @@ __all__ = ["CHARS_PER_TOKEN", "describe_request", "prompt_phase"]
 NO_THINK = "/no_think"
 # A typical English BPE ratio (OpenAI's rule of thumb is about 4 characters a token).
 CHARS_PER_TOKEN = 4
+# The ids of a prompt's pieces (prompt_phase).
+_START, _END, _NO_THINK, _NEWLINE, _OTHER = range(1, 6)
 # chat_template_kwargs keys whose false value closes the think block in the prompt.
 _THINKING_SWITCHES = ("enable_thinking", "thinking")
 
 
 def prompt_phase(text: str, definition: ModelDefinition) -> Phase:
-    """The phase a request whose prompt is ``text`` starts in (module docstring).
+    """The phase a request whose prompt is ``text`` starts in: core's rules
+    (:meth:`ReasoningFormat.initial_phase`) on the text as pieces, one id each for the family's
+    markers, ``/no_think``, a newline and any other run of text.
 
     >>> from meridian.config.boundaries import BUNDLED_MODELS
     >>> r1 = BUNDLED_MODELS["deepseek_r1"]
@@ -49,17 +50,14 @@ def prompt_phase(text: str, definition: ModelDefinition) -> Phase:
     (<Phase.THINK: 1>, <Phase.OUTPUT: 2>)
     """
     start, end = definition.think_start, definition.think_end
-    if definition.supports_think_disable and NO_THINK in text:
-        return Phase.OUTPUT
-    tail = text.rstrip("\n")  # the token rule passes over newline tokens after a marker
-    if tail.endswith(start):
-        return Phase.THINK
-    if tail.endswith(end):
-        return Phase.OUTPUT
-    opened = text.rfind(start)
-    if opened >= 0 and end not in text[opened:]:
-        return Phase.THINK  # the reasoning started in the prompt
-    return Phase.THINK if definition.think_starts_in_prompt else Phase.PREFILL
+    markers = {start: _START, end: _END, NO_THINK: _NO_THINK, "\n": _NEWLINE}
+    cut = "|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True))
+    pieces = re.split(f"({cut})", text)  # odd indices: the markers
+    ids = [markers[p] if i % 2 else _OTHER for i, p in enumerate(pieces) if p]
+    rules = ReasoningFormat.from_boundaries(
+        definition, BoundaryIds((_START,), (_END,), frozenset({_NEWLINE})), (_NO_THINK,)
+    )
+    return rules.initial_phase(ids)
 
 
 def _content_text(content: Any) -> str:
@@ -93,9 +91,8 @@ def describe_request(body: Any, definition: ModelDefinition) -> NewRequest:
         )
         if closed:
             return NewRequest(Phase.OUTPUT, num_prompt, bound)
-        # The rendered prompt ends with the template's generation prompt.
-        phase = Phase.THINK if definition.think_starts_in_prompt else Phase.PREFILL
-        return NewRequest(phase, num_prompt, bound)
+        # The rendered prompt ends with the template's generation prompt: the family decides.
+        return NewRequest(prompt_phase("", definition), num_prompt, bound)
     prompt = _get(body, "prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]  # one prompt in a list

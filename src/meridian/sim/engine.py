@@ -39,7 +39,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from meridian.core.policy import ADMISSION_CANDIDATES, Plan
+from meridian.core.admission import ADMISSION_CANDIDATES
+from meridian.core.interface import Plan
 from meridian.errors import MeridianError
 from meridian.sim.kvcache import PrefixCachingBlockPool
 from meridian.sim.records import RunCounters, SimResult, TimeSample
