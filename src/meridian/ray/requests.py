@@ -37,6 +37,10 @@ CHARS_PER_TOKEN = 4
 _START, _END, _NO_THINK, _NEWLINE, _OTHER = range(1, 6)
 # chat_template_kwargs keys whose false value closes the think block in the prompt.
 _THINKING_SWITCHES = ("enable_thinking", "thinking")
+# prompt_phase's cut, piece ids and rules per family (markers, no_think, opened by the template).
+_PIECE_RULES: dict[
+    tuple[str, str, bool, bool], tuple[re.Pattern[str], dict[str, int], ReasoningFormat]
+] = {}
 
 
 def prompt_phase(text: str, definition: ModelDefinition) -> Phase:
@@ -50,14 +54,18 @@ def prompt_phase(text: str, definition: ModelDefinition) -> Phase:
     (<Phase.THINK: 1>, <Phase.OUTPUT: 2>)
     """
     start, end = definition.think_start, definition.think_end
-    markers = {start: _START, end: _END, NO_THINK: _NO_THINK, "\n": _NEWLINE}
-    cut = "|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True))
-    pieces = re.split(f"({cut})", text)  # odd indices: the markers
-    ids = [markers[p] if i % 2 else _OTHER for i, p in enumerate(pieces) if p]
-    rules = ReasoningFormat.from_boundaries(
-        definition, BoundaryIds((_START,), (_END,), frozenset({_NEWLINE})), (_NO_THINK,)
-    )
-    return rules.initial_phase(ids)
+    key = (start, end, definition.supports_think_disable, definition.think_starts_in_prompt)
+    built = _PIECE_RULES.get(key)
+    if built is None:  # once per family: the router asks per request
+        markers = {start: _START, end: _END, NO_THINK: _NO_THINK, "\n": _NEWLINE}
+        cut = "|".join(re.escape(m) for m in sorted(markers, key=len, reverse=True))
+        rules = ReasoningFormat.from_boundaries(
+            definition, BoundaryIds((_START,), (_END,), frozenset({_NEWLINE})), (_NO_THINK,)
+        )
+        built = _PIECE_RULES[key] = (re.compile(f"({cut})"), markers, rules)
+    cut_re, ids_of, rules = built
+    pieces = cut_re.split(text)  # odd indices: the markers
+    return rules.initial_phase([ids_of[p] if i % 2 else _OTHER for i, p in enumerate(pieces) if p])
 
 
 def _content_text(content: Any) -> str:
