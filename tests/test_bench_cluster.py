@@ -34,3 +34,22 @@ def test_a_small_cluster_sweep_keeps_every_seed_and_measures_after_the_warmup(
         assert 0 <= c["slo_hidden"] <= 100 and 0 <= c["slo_shown"] <= 100
         assert 0 < c["kv_peak_replica"] < 1 and c["queued"] == 0
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    # Runs made apart (seed 0 in one, seed 1 in another) render as one table: the median over
+    # every seed they hold, the same cells as the run that made both.
+    parts = []
+    for seed in (0, 1):
+        part = tmp_path / f"seed{seed}.json"
+        part.write_text(json.dumps({"cells": [c for c in cells if c["seed"] == seed]}))
+        parts.append(str(part))
+    render = [sys.executable, str(REPO / "benchmarks" / "bench_cluster.py"), "--render", *parts]
+    shown = subprocess.run(render, capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "seeds [0, 1], the median over them" in shown.stdout
+    both = [c["ttfvt"] for c in cells if c["load"] == 1.0 and c["run"] == "meridian/meridian"]
+    median = f"{(both[0] + both[1]) / 2:.4g}"
+    row = next(
+        line
+        for line in shown.stdout.splitlines()
+        if line.startswith("| 100%") and "| `meridian/meridian` |" in line
+    )
+    assert row.split(" | ")[2] == median, row
