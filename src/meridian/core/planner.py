@@ -37,9 +37,10 @@ from typing import Any
 
 from meridian.config.schema import SchedulerConfig
 from meridian.core.interface import EngineRequest, Plan, PolicyStats, R
+from meridian.core.memo import plain_paths
 from meridian.core.ordering import DualQueue
 from meridian.core.output_budget import OutputBudget
-from meridian.core.pacing import AnswerPacer
+from meridian.core.pacing import AnswerPacer, StepClock
 from meridian.core.state import RequestState
 from meridian.core.types import OUTPUT, THINK, floor_fraction
 from meridian.core.victims import VICTIM_CLASS, Candidate, hold_answers, rank_victims
@@ -70,7 +71,7 @@ class Planner:
         capacity: int,
         output_budget: OutputBudget,
         max_step_tokens: int | None,
-        clock: Callable[[], float],
+        step_clock: StepClock,
         last_answer_step: Callable[[str], int | None],
         token_time: Callable[[int], float | None],
     ) -> None:
@@ -85,11 +86,13 @@ class Planner:
         self.max_step_tokens = max_step_tokens
         pace_s = float(config.answer_pace_ms) / 1000.0
         self.pacer = AnswerPacer(pace_s) if pace_s else None
-        self.clock = clock
+        self.step_clock = step_clock
         self._last_answer_step = last_answer_step
         self._token_time = token_time
         self.plan_time = 0.0
         self._idle = True
+        # Plain paths (meridian.core.memo): every step's order computed in full, no plan kept.
+        self.plain = plain_paths()
         # The lazy order's memory (module docstring): whether anything that matters changed since
         # the last order was set (dirty), whether that plan deferred requests, the running set it
         # was made for (its ids, and the id of the request it ended with: an id, not the request,
@@ -172,9 +175,10 @@ class Planner:
         KV block count. Steps where nothing that matters changed keep the previous order and
         return ``running`` itself as the order (``stats.num_reordered_steps`` counts the
         others)."""
-        # The last step's time, plan to plan (None after an idle spell): measured here once, for
-        # the output budget's fit and the answer pacer.
-        now = self.clock()
+        # The step starts (the core's one clock read a step, for every reader of its time); the
+        # last step's time, plan to plan (None after an idle spell), for the output budget's fit
+        # and the answer pacer: measured here only.
+        now = self.step_clock.start()
         took = None if self._idle else now - self.plan_time
         self._idle = False
         self.plan_time = now
@@ -187,7 +191,9 @@ class Planner:
         stats.num_plans += 1
         order: Sequence[R] = running
         skip: Sequence[R] = ()
-        if len(running) >= 2:
+        if len(running) >= 2 and self.plain:
+            order, skip = self._full_order(running, step)
+        elif len(running) >= 2:
             # Engines append every request they admit and otherwise only remove, so a newcomer,
             # if any, is last: checking the tail avoids touching every request.
             # (The tail the last order was set with is still there: nobody came.)
@@ -225,7 +231,7 @@ class Planner:
                 stats.num_paced += len(paced)
                 skip = [*skip, *paced] if skip else paced
         num_ranked = self._num_ranked
-        if order is not running or skip:
+        if order is not running or skip or self.plain:
             return Plan(order, skip, num_ranked)
         kept = self._kept
         if kept is None or kept.num_ranked != num_ranked:
