@@ -20,13 +20,14 @@ and answer pacing, when on, skips streams ahead of their pace (:mod:`meridian.co
 The lazy order. Most steps change nothing that matters: planning them again would cost a pass
 over every running request for the order it already has. The order set last time still holds
 while no phase changed, nobody was preempted, no re-admission guard expired, nobody joined the
-running set and the last plan deferred nobody (engines only remove from and append to it): then
-``plan`` returns the running list itself. (A request that begins to answer while the order is
-moot, below, changes nothing: one answer stream more never makes it matter.) A plan that
-deferred requests is made again every step: their deferral counts (the starvation guard) and
-skips advance only in a new plan. And no order is computed at all while none could change what
-the step does (``_order_is_moot``): every request will be scheduled in full and has the KV it
-can need, so the engine's own order serves as well.
+running set, the last plan deferred nobody (engines only remove from and append to it) and the
+last step computed one token for each request planned (so the computed KV victims are ranked by
+grew alike): then ``plan`` returns the running list itself. (A request that begins to answer
+while the order is moot, below, changes nothing: one answer stream more never makes it matter.)
+A plan that deferred requests is made again every step: their deferral counts (the starvation
+guard) and skips advance only in a new plan. And no order is computed at all while none could
+change what the step does (``_order_is_moot``): every request will be scheduled in full and has
+the KV it can need, so the engine's own order serves as well.
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Planner:
         # which the engine frees when it finishes), its ranked victims and the step its first
         # re-admission guard expires.
         self._dirty = True
+        self._num_planned = 0  # the running requests the last plan ordered
         self._deferring = False
         self._last_ids: frozenset[str] = frozenset()
         self._last_tail: str | None = None
@@ -140,6 +142,8 @@ class Planner:
         finished with it then, on its own time, rather than at the next plan."""
         if self._kept is not None:
             self._kept.order = ()
+        if num_tokens != num_rows or num_rows != self._num_planned:
+            self._dirty = True  # not one token each: the ranking by computed KV may have moved
         self.output_budget.scheduled(num_rows, num_tokens)
 
     def preempted(self, request_id: str) -> None:
@@ -189,6 +193,7 @@ class Planner:
             pacer.step_took(took)
         stats = self.stats
         stats.num_plans += 1
+        self._num_planned = len(running)
         order: Sequence[R] = running
         skip: Sequence[R] = ()
         if len(running) >= 2 and self.plain:
