@@ -7,9 +7,8 @@ the victim ranking reversed:
 1. the dual queue (:class:`~meridian.core.ordering.DualQueue`) plans the step: answer streams
    and prefills first, thinking requests up to the think limit; thinking requests beyond it are
    skipped this step (``Plan.skip``), with a starvation bound;
-2. :func:`~meridian.core.victims.rank_victims` ranks the step's victims, at most
-   ``scheduler.preempt_max_fraction`` of the running set: thinking before answering, guarded
-   re-admissions after the others, the least computed KV first within a class;
+2. :func:`~meridian.core.victims.rank_victims` ranks the step's victims (the rule and why:
+   :mod:`meridian.core.victims`), at most ``scheduler.preempt_max_fraction`` of the running set;
 3. ``order = [the others, in plan order] + reversed(victims)``: the first-choice victim is last,
    where the engine takes it. Should it need more victims than were ranked, it takes the end of
    the plan order: thinking requests before answers.
