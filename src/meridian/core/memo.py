@@ -1,7 +1,7 @@
 """The one switch for the core's caches: ``$MERIDIAN_PLAIN_PATHS=1`` takes the plain path in
 each of them (the tracker's steady and bulk ways, :class:`~meridian.core.rows.SteadyRows`, the
-planner's lazy and moot orders and its kept plan): the oracle their tests compare against, and a
-way to rule them out in the field. Read once, when a policy is built."""
+planner's lazy and moot orders): the oracle their tests compare against, and a way to rule them
+out in the field. Read once, when a policy is built."""
 
 from __future__ import annotations
 
