@@ -53,11 +53,13 @@ class Request:
 
 @dataclass(frozen=True)
 class Decision:
-    """What a step did: who sat it out, who ran and with how many tokens, who was preempted."""
+    """What a step did: who sat it out, who ran and with how many tokens, who was preempted;
+    the plan's order (``None`` where the engine's was kept as moot: any order runs the same)."""
 
     skipped: frozenset[str]
-    scheduled: frozenset[tuple[str, int]]  # (a step whose order is moot runs in either order)
+    scheduled: frozenset[tuple[str, int]]
     preempted: tuple[str, ...]
+    order: tuple[str, ...] | None = field(compare=False)
 
 
 class Engine:
@@ -84,7 +86,9 @@ class Engine:
     def step(self, step: int, reserved: int) -> Decision:
         policy = self.policy
         free = max(0, self.num_free_blocks - reserved)  # others hold the reserved blocks
+        kept = policy.stats.num_engine_order_steps
         plan = policy.plan(self.running, step, free)
+        moot = policy.stats.num_engine_order_steps > kept
         assert sorted(r.request_id for r in plan.order) == sorted(
             r.request_id for r in self.running
         )
@@ -158,6 +162,7 @@ class Engine:
             skipped,
             frozenset((r.request_id, new) for r, new in scheduled),
             tuple(preempted),
+            None if moot else tuple(r.request_id for r in plan.order),
         )
 
 
@@ -204,8 +209,9 @@ def test_the_planners_caches_decide_as_its_plain_path(
             for i, script in enumerate(arrivals):
                 engine.add(f"r{n + i}", script)
         n += len(arrivals)
-        decided = cached.step(step, reserved)
-        assert decided == reference.step(step, reserved), f"step {step}"
+        decided, planned = cached.step(step, reserved), reference.step(step, reserved)
+        assert decided == planned, f"step {step}"
+        assert decided.order is None or decided.order == planned.order, f"step {step}"
     stats = cached.policy.stats
     lazy = stats.num_plans - stats.num_reordered_steps - stats.num_engine_order_steps
     event(f"engine order kept: {stats.num_engine_order_steps > 0}, lazy order: {lazy > 0}")
