@@ -18,15 +18,15 @@ and answer pacing, when on, skips streams ahead of their pace (:mod:`meridian.co
 
 The lazy order. Most steps change nothing that matters: planning them again would cost a pass
 over every running request for the order it already has. The order set last time still holds
-while no phase changed, nobody was preempted, no re-admission guard expired, nobody joined the
-running set, the last plan deferred nobody (engines only remove from and append to it) and the
-last step computed one token for each request planned (so the computed KV victims are ranked by
-grew alike): then ``plan`` returns the running list itself. (A request that begins to answer
-while the order is moot, below, changes nothing: one answer stream more never makes it matter.)
-A plan that deferred requests is made again every step: their deferral counts (the starvation
-guard) and skips advance only in a new plan. And no order is computed at all while none could
-change what the step does (``_order_is_moot``): every request will be scheduled in full and has
-the KV it can need, so the engine's own order serves as well.
+while no phase changed, nobody was preempted or finished, no re-admission guard expired, nobody
+joined the running set, the last plan deferred nobody (engines only remove from and append to
+it) and the last step computed one token for each request planned (so the computed KV victims
+are ranked by grew alike): then ``plan`` returns the running list itself. (A request that
+begins to answer while the order is moot, below, changes nothing: one answer stream more never
+makes it matter.) A plan that deferred requests is made again every step: their deferral counts
+(the starvation guard) and skips advance only in a new plan. And no order is computed at all
+while none could change what the step does (``_order_is_moot``): every request will be
+scheduled in full and has the KV it can need, so the engine's own order serves as well.
 """
 
 from __future__ import annotations
@@ -148,6 +148,8 @@ class Planner:
         for rid in request_ids:
             remove(rid)
             partial.pop(rid, None)
+            # A smaller running set ranks fewer victims, and a ranked one may have left.
+            self._dirty = True
 
     def idle(self) -> None:
         """The engine has nothing to run: the batch sizes read 0, and the time until the next
