@@ -24,9 +24,10 @@ from hypothesis import strategies as st
 from meridian.config import SchedulerConfig
 from meridian.core.budget import RequestBudget
 from meridian.core.format import ReasoningFormat
+from meridian.core.memo import ENV_PLAIN_PATHS
 from meridian.core.policy import MeridianPolicy
 from meridian.core.state import RequestState, advance, start
-from meridian.core.tracking import ENV_PLAIN_PATHS, UntrackedRequestsError
+from meridian.core.tracking import UntrackedRequestsError
 from meridian.core.types import EnterThink, ExitThink, Phase, PhaseEvent
 
 START, END = 3, 4

@@ -77,9 +77,8 @@ R = TypeVar("R", bound=EngineRequest)
 @dataclass(slots=True, eq=False)
 class Plan(Generic[R]):
     """One step's decision over the running requests (not frozen: a frozen dataclass is slow to
-    build in the caches a forward pass leaves cold). A caller reads it before the step is
-    scheduled only: the planner returns the same object again while the order is the running
-    list itself and nobody is skipped, and empties its order once the step is scheduled.
+    build in the caches a forward pass leaves cold). ``order`` may be the engine's running list
+    itself (the order unchanged).
 
     ``order`` is a permutation of them (serve from the front, preempt from the back); ``skip``
     are requests the engine must not schedule this step (vLLM: ``next_decode_eligible_step``);

@@ -1,5 +1,6 @@
-"""When each recent step's tokens came (:class:`StepTimes`), and answer pacing
-(:class:`AnswerPacer`): skip an answer stream that is ahead of pace."""
+"""When the step under way started (:class:`StepClock`, the core's one clock read a step), when
+each recent step's tokens came (:class:`StepTimes`), and answer pacing (:class:`AnswerPacer`):
+skip an answer stream that is ahead of pace."""
 
 from __future__ import annotations
 
@@ -7,11 +8,44 @@ from collections.abc import Callable, Sequence
 
 from meridian.core.interface import R
 
-__all__ = ["PACE_HISTORY_STEPS", "STEP_TIME_WEIGHT", "AnswerPacer", "StepTimes"]
+__all__ = ["PACE_HISTORY_STEPS", "STEP_TIME_WEIGHT", "AnswerPacer", "StepClock", "StepTimes"]
 
 # Answer pacing reads the token times of this many recent steps.
 PACE_HISTORY_STEPS = 64
 STEP_TIME_WEIGHT = 0.1
+
+
+class StepClock:
+    """When the step under way started, on the policy's ``clock``: read once a step, by the plan
+    (:meth:`start`); the step's other readers (the waiting order, the tracker stamping the step's
+    tokens) get that time (:meth:`now`) until its tokens are observed (:meth:`observed`). A step
+    nobody planned (a policy standing aside, a baseline) reads the clock where it is asked."""
+
+    __slots__ = ("_now", "clock")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._now: float | None = None
+
+    def start(self) -> float:
+        """A step is being planned: the clock, read for the step."""
+        now = self._now = self.clock()
+        return now
+
+    def now(self) -> float:
+        """The time of the step under way."""
+        now = self._now
+        return self.clock() if now is None else now
+
+    def observed(self) -> float:
+        """The step's tokens are observed: its time; the next step reads the clock anew."""
+        now = self._now
+        self._now = None
+        return self.clock() if now is None else now
+
+    def idle(self) -> None:
+        """The engine has nothing to run: no step is under way."""
+        self._now = None
 
 
 class StepTimes:
@@ -58,6 +92,11 @@ class AnswerPacer:
     mean steps); if that is still within the pace of its last token, it is skipped, leaving the
     step to others. The mean step moves ``STEP_TIME_WEIGHT`` of the way to each new
     plan-to-plan interval.
+
+    NOTE: a token's time is its step's (:class:`StepClock`): when the step started, or, where the
+    engine plans a step before it observes the last (asynchronous scheduling), when that one
+    ended. Read as when the token came, the first makes a stream look a step older: it is paced
+    less, never past its pace.
     """
 
     __slots__ = ("mean_step_s", "pace_s")

@@ -7,9 +7,8 @@ the victim ranking reversed:
 1. the dual queue (:class:`~meridian.core.ordering.DualQueue`) plans the step: answer streams
    and prefills first, thinking requests up to the think limit; thinking requests beyond it are
    skipped this step (``Plan.skip``), with a starvation bound;
-2. :func:`~meridian.core.victims.rank_victims` ranks the step's victims, at most
-   ``scheduler.preempt_max_fraction`` of the running set: thinking before answering, guarded
-   re-admissions after the others, the least computed KV first within a class;
+2. :func:`~meridian.core.victims.rank_victims` ranks the step's victims (the rule and why:
+   :mod:`meridian.core.victims`), at most ``scheduler.preempt_max_fraction`` of the running set;
 3. ``order = [the others, in plan order] + reversed(victims)``: the first-choice victim is last,
    where the engine takes it. Should it need more victims than were ranked, it takes the end of
    the plan order: thinking requests before answers.
@@ -19,27 +18,28 @@ and answer pacing, when on, skips streams ahead of their pace (:mod:`meridian.co
 
 The lazy order. Most steps change nothing that matters: planning them again would cost a pass
 over every running request for the order it already has. The order set last time still holds
-while no phase changed, nobody was preempted, no re-admission guard expired, nobody joined the
-running set and the last plan deferred nobody (engines only remove from and append to it): then
-``plan`` returns the running list itself. (A request that begins to answer while the order is
-moot, below, changes nothing: one answer stream more never makes it matter.) A plan that
-deferred requests is made again every step: their deferral counts (the starvation guard) and
-skips advance only in a new plan. And no order is computed at all while none could change what
-the step does (``_order_is_moot``): every request will be scheduled in full and has the KV it
-can need, so the engine's own order serves as well.
+while no phase changed, nobody was preempted or finished, no re-admission guard expired, nobody
+joined the running set, the last plan deferred nobody (engines only remove from and append to
+it) and the last step computed one token for each request planned (so the computed KV victims
+are ranked by grew alike): then ``plan`` returns the running list itself. (A request that
+begins to answer while the order is moot, below, changes nothing: one answer stream more never
+makes it matter.) A plan that deferred requests is made again every step: their deferral counts
+(the starvation guard) and skips advance only in a new plan. And no order is computed at all
+while none could change what the step does (``_order_is_moot``): every request will be
+scheduled in full and has the KV it can need, so the engine's own order serves as well.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
 
 from meridian.config.schema import SchedulerConfig
 from meridian.core.interface import EngineRequest, Plan, PolicyStats, R
+from meridian.core.memo import plain_paths
 from meridian.core.ordering import DualQueue
 from meridian.core.output_budget import OutputBudget
-from meridian.core.pacing import AnswerPacer
+from meridian.core.pacing import AnswerPacer, StepClock
 from meridian.core.state import RequestState
 from meridian.core.types import OUTPUT, THINK, floor_fraction
 from meridian.core.victims import VICTIM_CLASS, Candidate, hold_answers, rank_victims
@@ -70,7 +70,7 @@ class Planner:
         capacity: int,
         output_budget: OutputBudget,
         max_step_tokens: int | None,
-        clock: Callable[[], float],
+        step_clock: StepClock,
         last_answer_step: Callable[[str], int | None],
         token_time: Callable[[int], float | None],
     ) -> None:
@@ -85,17 +85,22 @@ class Planner:
         self.max_step_tokens = max_step_tokens
         pace_s = float(config.answer_pace_ms) / 1000.0
         self.pacer = AnswerPacer(pace_s) if pace_s else None
-        self.clock = clock
+        self.step_clock = step_clock
         self._last_answer_step = last_answer_step
         self._token_time = token_time
         self.plan_time = 0.0
         self._idle = True
+        # Plain paths (meridian.core.memo): every step's order computed in full, no plan kept.
+        self.plain = plain_paths()
+        # NOTE: the lazy and moot orders earn their place: every order in full took Meridian to
+        # 0.150-0.194 of vLLM's step in bench_vllm_overhead.py, against 0.031-0.080 (issue 43).
         # The lazy order's memory (module docstring): whether anything that matters changed since
         # the last order was set (dirty), whether that plan deferred requests, the running set it
         # was made for (its ids, and the id of the request it ended with: an id, not the request,
         # which the engine frees when it finishes), its ranked victims and the step its first
         # re-admission guard expires.
         self._dirty = True
+        self._num_planned = 0  # the running requests the last plan ordered
         self._deferring = False
         self._last_ids: frozenset[str] = frozenset()
         self._last_tail: str | None = None
@@ -112,10 +117,6 @@ class Planner:
         # A request began to answer since the last plan, which kept the engine's order
         # (phase_changed): the batch sizes by phase are recorded anew.
         self._sizes_moved = False
-        # The last plan that kept the running list as it was, skipping nobody: returned again,
-        # its order set to each step's running list and let go once the step is scheduled
-        # (scheduled), so it never keeps the engine's list alive.
-        self._kept: Plan[Any] | None = None
 
     # -- what the policy tells it --------------------------------------------------------------
 
@@ -132,11 +133,9 @@ class Planner:
 
     def scheduled(self, num_rows: int, num_tokens: int) -> None:
         """The engine scheduled the planned step: ``num_rows`` rows computing ``num_tokens``
-        tokens (the policy's ``on_step``). The output budget times it, and the plan, read by now,
-        lets go of the running list: an engine that replaces its list frees the requests that
-        finished with it then, on its own time, rather than at the next plan."""
-        if self._kept is not None:
-            self._kept.order = ()
+        tokens (the policy's ``on_step``). The output budget times it."""
+        if num_tokens != num_rows or num_rows != self._num_planned:
+            self._dirty = True  # not one token each: the ranking by computed KV may have moved
         self.output_budget.scheduled(num_rows, num_tokens)
 
     def preempted(self, request_id: str) -> None:
@@ -151,6 +150,8 @@ class Planner:
         for rid in request_ids:
             remove(rid)
             partial.pop(rid, None)
+            # A smaller running set ranks fewer victims, and a ranked one may have left.
+            self._dirty = True
 
     def idle(self) -> None:
         """The engine has nothing to run: the batch sizes read 0, and the time until the next
@@ -172,9 +173,10 @@ class Planner:
         KV block count. Steps where nothing that matters changed keep the previous order and
         return ``running`` itself as the order (``stats.num_reordered_steps`` counts the
         others)."""
-        # The last step's time, plan to plan (None after an idle spell): measured here once, for
-        # the output budget's fit and the answer pacer.
-        now = self.clock()
+        # The step starts (the core's one clock read a step, for every reader of its time); the
+        # last step's time, plan to plan (None after an idle spell), for the output budget's fit
+        # and the answer pacer: measured here only.
+        now = self.step_clock.start()
         took = None if self._idle else now - self.plan_time
         self._idle = False
         self.plan_time = now
@@ -185,9 +187,12 @@ class Planner:
             pacer.step_took(took)
         stats = self.stats
         stats.num_plans += 1
+        self._num_planned = len(running)
         order: Sequence[R] = running
         skip: Sequence[R] = ()
-        if len(running) >= 2:
+        if len(running) >= 2 and self.plain:
+            order, skip = self._full_order(running, step)
+        elif len(running) >= 2:
             # Engines append every request they admit and otherwise only remove, so a newcomer,
             # if any, is last: checking the tail avoids touching every request.
             # (The tail the last order was set with is still there: nobody came.)
@@ -224,15 +229,9 @@ class Planner:
             if paced:
                 stats.num_paced += len(paced)
                 skip = [*skip, *paced] if skip else paced
-        num_ranked = self._num_ranked
-        if order is not running or skip:
-            return Plan(order, skip, num_ranked)
-        kept = self._kept
-        if kept is None or kept.num_ranked != num_ranked:
-            kept = self._kept = Plan(running, (), num_ranked)
-        else:
-            kept.order = running
-        return kept
+        # NOTE: a new plan each step, none kept (a kept one saved 0.2 us a step, issue 43): the
+        # planner holds nothing of the engine's running list once the plan is read.
+        return Plan(order, skip, self._num_ranked)
 
     def _order_is_moot(self, running: Sequence[R], num_free_blocks: int, rescan: bool) -> bool:
         """Whether the coming step does the same whatever the order of ``running``.

@@ -51,7 +51,7 @@ class MeridianPolicy(TrackingPolicy):
             capacity=self.capacity,
             output_budget=self.output_budget,
             max_step_tokens=max_steps,
-            clock=self.clock,
+            step_clock=self.step_clock,
             last_answer_step=tracker.last_answer_step,
             token_time=tracker.times.at,
         )
@@ -95,6 +95,7 @@ class MeridianPolicy(TrackingPolicy):
 
     def on_idle(self) -> None:
         """The time until the next step is no step's."""
+        super().on_idle()
         self.output_budget.idle()
         self.planner.idle()
 
@@ -108,7 +109,7 @@ class MeridianPolicy(TrackingPolicy):
         """The waiting head in start order (``None``: the engine's); :class:`Admission`'s."""
         if self.stands_aside:
             return None
-        return self.admission.waiting_order(waiting, self.clock())
+        return self.admission.waiting_order(waiting, self.step_clock.now())
 
     def admissions(self, running: Sequence[R], waiting: Sequence[R], num_blocks: int) -> int | None:
         """How many of ``waiting`` may start (``None``: no limit); :class:`Admission`'s."""

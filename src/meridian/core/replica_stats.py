@@ -23,12 +23,14 @@ __all__ = ["ReplicaStatsRecorder"]
 
 
 class ReplicaStatsRecorder:
-    """Measures one replica's stats, call after call; between two calls it times the engine's
-    mean step (how the router ages stats by the steps run since)."""
+    """Measures one replica's stats, call after call; between two calls, its step rate."""
 
     def __init__(self) -> None:
         self._last: tuple[float, int] | None = None
-        self.step_time_s = 0.0
+        # NOTE: not a step's time (the planner's, plan to plan, busy steps only) but seconds per
+        # step over the reporter's clock, idle spells included: the router ages stats by the
+        # steps run since, and an idle replica runs none (ReplicaStats.step_time_s).
+        self.seconds_per_step = 0.0
 
     def record(
         self,
@@ -46,7 +48,7 @@ class ReplicaStatsRecorder:
         engine's step count so far."""
         last = self._last
         if last is not None and num_steps > last[1] and now > last[0]:
-            self.step_time_s = (now - last[0]) / (num_steps - last[1])
+            self.seconds_per_step = (now - last[0]) / (num_steps - last[1])
         self._last = (now, num_steps)
         answering = 0
         for request in running:
@@ -62,6 +64,6 @@ class ReplicaStatsRecorder:
             num_kv_blocks=num_kv_blocks,
             num_kv_blocks_used=num_kv_blocks_used,
             block_size=policy.block_size,
-            step_time_s=self.step_time_s,
+            step_time_s=self.seconds_per_step,
             projection=policy.admission.projection([*running, *waiting], num_kv_blocks),
         )

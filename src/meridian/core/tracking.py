@@ -19,9 +19,12 @@ ways through the same accounting:
    pass; only the rest (boundaries, first tokens, streams back from a stall) go one by one, in
    the batch's order.
 
-The three agree exactly with a plain reference model (``tests/test_tracking.py`` replays random
-engine steps shaped to take each way). Length: the three ways are one observe path and share its
-state; they are kept together so that the fast ways cannot drift from the general one.
+The fast ways earn their place: the general way alone took Meridian to 0.055-0.071 of vLLM's
+step in every cell of ``benchmarks/bench_vllm_overhead.py`` (issue 43; warm, 0.026 against 0.004
+ms a step at 64 rows). The three agree exactly with a plain reference model
+(``tests/test_tracking.py`` replays random engine steps shaped to take each way). Length: the
+three ways are one observe path and share its state; they are kept together so that the fast
+ways cannot drift from the general one.
 
 Answer tokens are not fed to :func:`~meridian.core.state.advance`: a phase never changes once a
 request answers; their count is the engine's, read through
@@ -30,13 +33,13 @@ request answers; their count is the engine's, read through
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 
 from meridian.core.format import ReasoningFormat
 from meridian.core.interface import EngineRequest, PolicyListener, PolicyStats
-from meridian.core.pacing import StepTimes
+from meridian.core.memo import plain_paths
+from meridian.core.pacing import StepClock, StepTimes
 from meridian.core.rows import SteadyRows
 from meridian.core.state import (
     RequestState,
@@ -66,10 +69,6 @@ GAP_HISTORY_STEPS = 4096
 _NO_STREAMS: frozenset[str] = frozenset()
 
 
-#: Set to 1, every step is observed the general way (the fast ways' oracle).
-ENV_PLAIN_PATHS = "MERIDIAN_PLAIN_PATHS"
-
-
 class UntrackedRequestsError(KeyError):
     """Tokens for requests the policy does not track (``request_ids``); the rest of the step was
     accounted."""
@@ -87,7 +86,8 @@ class Tracker:
     together they tell the think exits that were hard-cap forces. ``on_phase_change(state)`` is
     called when a request's delta changed its phase (or decided a PREFILL request's).
     ``history`` steps of token times are kept (``times``): for pacing and for the gaps a listener
-    hears.
+    hears, stamped with the step's time from ``step_clock`` (the core reads the clock once a
+    step).
     """
 
     def __init__(
@@ -98,7 +98,7 @@ class Tracker:
         default_cap: int,
         transition_len: int,
         listener: PolicyListener | None,
-        clock: Callable[[], float],
+        step_clock: StepClock,
         history: int,
         on_phase_change: Callable[[RequestState], None],
     ) -> None:
@@ -107,7 +107,7 @@ class Tracker:
         self.default_cap = default_cap
         self.transition_len = transition_len
         self.listener = listener
-        self.clock = clock
+        self.step_clock = step_clock
         self.on_phase_change = on_phase_change
         self.states: dict[str, RequestState] = {}
         self.times = StepTimes(max(history, GAP_HISTORY_STEPS if listener is not None else 0))
@@ -123,9 +123,8 @@ class Tracker:
         # the same requests got tokens two steps running (a one-token think_end only).
         self._last_rows: list[str] | None = None
         self._rows: SteadyRows | None = None
-        # $MERIDIAN_PLAIN_PATHS=1: every step the general way (never armed, never steady): the
-        # oracle the fast ways are tested against, and a switch to rule them out in the field.
-        self.plain = os.environ.get(ENV_PLAIN_PATHS, "") == "1"
+        # Plain paths (meridian.core.memo): every step the general way, never armed, never steady.
+        self.plain = plain_paths()
         self._think_end = None if self.plain else fmt.single_think_end
 
     # -- the table ------------------------------------------------------------------------------
@@ -290,7 +289,7 @@ class Tracker:
         times = self.times
         then = None
         if times.size:
-            now = self.clock()
+            now = self.step_clock.observed()
             then = times.stamp(step, now)
         self.served_step = step
         if num_streams:

@@ -21,7 +21,7 @@ from meridian.core.interface import (
     R,
     output_budget_setting,
 )
-from meridian.core.pacing import PACE_HISTORY_STEPS
+from meridian.core.pacing import PACE_HISTORY_STEPS, StepClock
 from meridian.core.state import RequestState, advance
 from meridian.core.tracking import Tracker
 from meridian.core.types import Phase
@@ -66,6 +66,7 @@ class TrackingPolicy:
         self.config = config
         self.stats = PolicyStats()
         self.listener = listener
+        self.step_clock = StepClock(clock)
         self.default_max_think_tokens = int(config.max_think_tokens)
         self.tracker = Tracker(
             fmt,
@@ -73,7 +74,7 @@ class TrackingPolicy:
             default_cap=self.default_max_think_tokens,
             transition_len=transition_len,
             listener=listener,
-            clock=clock,
+            step_clock=self.step_clock,
             history=PACE_HISTORY_STEPS if config.answer_pace_ms else 0,
             on_phase_change=self._phase_changed,
         )
@@ -159,6 +160,7 @@ class TrackingPolicy:
 
     def on_idle(self) -> None:
         """The engine has nothing to run."""
+        self.step_clock.idle()
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         """The engine's own order."""
