@@ -126,6 +126,12 @@ ADVICE: dict[str, str] = {
         "passed over by newer ones. Lower it if the kind that goes second waits too long under "
         "overload (vLLM's vllm:time_to_first_token_seconds)."
     ),
+    "scheduler.admission_wait_weight": (
+        "Leave 0 (off) unless TTFT under overload matters more than the answer streams' ITL: "
+        "then 1 starts a held request once it has waited as long as the preemptions it risks "
+        "are expected to cost (recompute plus the victim's wait), larger weights sooner. "
+        "Measured on vLLM's scheduler in docs/adr/0013 (cost-based admission)."
+    ),
     "scheduler.answer_pace_ms": (
         "Leave 0. Pacing frees little on vLLM (answer rows are a small share of a step) and "
         "keeps answer streams, with their KV, in the cache longer; measured as a loss in "
