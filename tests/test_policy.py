@@ -1070,6 +1070,10 @@ def test_a_held_request_starts_once_its_weighted_wait_outweighs_the_preemptions_
     assert policy.admissions([], waiting, 40) == 4  # the 5th risks more: it waits on
     clock.now = 1000.0
     assert policy.admissions([], waiting, 40) == 5
+    # A preempted request restarts only when the projection says so (its wait since arrival
+    # would start it again at once: churn), and nobody behind it starts past it on cost.
+    policy.on_preempt(waiting[3].request_id)
+    assert policy.admissions([], waiting, 40) == 3
     # Without a weight (the default) the projection alone decides, however long the wait.
     plain = make_policy(admission="headroom")
     _teach(plain, MIN_SAMPLES, 40)

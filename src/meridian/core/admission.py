@@ -13,8 +13,8 @@ Two levers, both consulted by the engine adapter before each step:
   cache, while the bounds are tight. First of all, and cheaply: all of them, when the running and
   waiting requests fit the cache together at their bounds.
 - **Cost-based admission** (``scheduler.admission_wait_weight`` > 0), on top of the projection:
-  a request it holds starts anyway, in head order, once the cost of its waiting (its time in
-  the queue, weighted) is at least the expected cost of the preemptions starting it risks
+  a new request it holds starts anyway, in head order, once the cost of its waiting (its time
+  in the queue, weighted) is at least the expected cost of the preemptions starting it risks
   (:func:`~meridian.core.headroom.worth_admitting`): its projected overflow recomputed at the
   engine's prefill rate, plus the victim's wait to restart, the projected time the load stays
   over the cache (what the projection already knows, where a measured mean of past restarts
@@ -256,7 +256,12 @@ class Admission:
         now = self.clock()
         for i, request in enumerate(held):
             st = states.get(request.request_id)
-            wait_s = 0.0 if st is None else now - st.tracked_at
+            # NOTE: a preempted request restarts when the projection says (its wait since
+            # arrival would start it at once, to be preempted again: churn); nor does a newer
+            # request start past it on cost.
+            if st is None or st.preempted:
+                return i
+            wait_s = now - st.tracked_at
             if not worth_admitting(
                 wait_s,
                 self.wait_weight,
