@@ -126,6 +126,13 @@ ADVICE: dict[str, str] = {
         "passed over by newer ones. Lower it if the kind that goes second waits too long under "
         "overload (vLLM's vllm:time_to_first_token_seconds)."
     ),
+    "scheduler.admission_wait_weight": (
+        "Leave 0 (off) unless TTFT at and above capacity matters more than recompute: at 1, "
+        "on vLLM's scheduler, servegen-r1's TTFT P95 fell to 0.80-0.83x for up to 106,682 "
+        "recomputed tokens where the projection alone had none, and synthetic traffic's rose "
+        "1.86x at 110 % (docs/adr/0013, cost-based admission). Larger weights start held "
+        "requests sooner and give back the answer streams' ITL."
+    ),
     "scheduler.answer_pace_ms": (
         "Leave 0. Pacing frees little on vLLM (answer rows are a small share of a step) and "
         "keeps answer streams, with their KV, in the cache longer; measured as a loss in "

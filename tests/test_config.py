@@ -64,6 +64,11 @@ def test_defaults_match_the_design() -> None:
         ("[entropy]\ntransition_entropy_threshold = inf", "entropy.transition_entropy_threshold"),
         ("[entropy]\nrpdi_threshold = 1e400", "entropy.rpdi_threshold"),
         ("[scheduler]\nanswer_pace_ms = nan", "scheduler.answer_pace_ms"),
+        (
+            "[scheduler]\nadmission_wait_weight = -0.5",
+            "scheduler.admission_wait_weight must be in [0, 1000000]; got -0.5",
+        ),
+        ("[scheduler]\nadmission_wait_weight = inf", "scheduler.admission_wait_weight must be in"),
         ("[scheduler]\nthink_tpot_budget_ms = inf", "scheduler.think_tpot_budget_ms must be in"),
         (
             "[entropy]\nema_alpha = 5e-324",

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meridian.core.headroom import GRID_POINTS, MIN_SAMPLES, Kind, LengthModel, admissible
+from meridian.core.headroom import (
+    GRID_POINTS,
+    MIN_SAMPLES,
+    Kind,
+    LengthModel,
+    admissible,
+    overflows,
+    worth_admitting,
+)
 
 BS = 16
 
@@ -142,3 +150,50 @@ def test_every_bucket_is_the_survival_of_the_samples_past_its_edge(
             expected = 1.0 - np.searchsorted(remaining, grid, side="right") / len(remaining)
         assert np.array_equal(curves.surv[b], expected), (b, edge)
         assert curves.empty[b] == (not beyond.any())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.floats(0.01, 100.0),  # wait weight
+    st.floats(1.0, 1e6),  # overflow tokens
+    st.floats(10.0, 1e6),  # prefill tokens per second
+    st.floats(0.0, 600.0),  # victim's re-queue delay, s
+    st.floats(0.0, 0.999),  # a wait below the crossing, as a fraction of it
+    st.floats(1.001, 10.0),  # and one above it
+)
+def test_the_admission_decision_flips_where_the_costs_cross(
+    weight: float, overflow: float, rate: float, requeue: float, below: float, above: float
+) -> None:
+    """Held below the wait at which its weighted wait equals the preemptions' expected cost
+    (recompute at the prefill rate plus the victim's re-queue delay), admitted from it on."""
+    cost = overflow / rate + requeue
+    crossing = cost / weight
+    assert not worth_admitting(crossing * below, weight, overflow, rate, requeue)
+    assert worth_admitting(crossing * above, weight, overflow, rate, requeue)
+    # At the crossing the costs are equal (up to rounding) and it starts.
+    assert worth_admitting(crossing * (1 + 1e-12), weight, overflow, rate, requeue)
+    # Dearer preemptions (more overflow, a slower prefill, a longer re-queue) only hold longer:
+    # a wait that starts a request against them starts it against the cheaper ones.
+    for wait in (crossing * below, crossing * above, crossing * above * 3):
+        for dearer in ((overflow * 2, rate), (overflow, rate / 2)):
+            if worth_admitting(wait, weight, *dearer, requeue + 1.0):
+                assert worth_admitting(wait, weight, overflow, rate, requeue)
+    # No weight: waiting costs nothing, and a request that risks a preemption is never started.
+    assert not worth_admitting(1e9, 0.0, overflow, rate, requeue)
+
+
+def test_overflows_measure_the_excess_at_the_peak_and_how_long_it_lasts() -> None:
+    grid = np.array([0.0, 10.0, 20.0, 30.0, 40.0])
+    running = np.array([[6.0, 6.0, 4.0, 4.0, 0.0]])
+    waiting = np.array([[1.0, 2.0, 3.0, 1.0, 0.0], [0.0, 1.0, 2.0, 2.0, 0.0]])
+    excess, steps = overflows(running, waiting, 7.0, grid)
+    # First alone: 7, 8, 7, 5, 0 -> 1 block over at step 10, back within at 20.
+    # Both: 7, 9, 9, 7, 0 -> 2 over at the peak (step 10), over from 10 until 30.
+    assert excess.tolist() == [1.0, 2.0]
+    assert steps.tolist() == [10.0, 20.0]
+    # Within the limit: no excess, no wait; over until the grid's end: the rest of the grid.
+    excess, steps = overflows(running, waiting, 20.0, grid)
+    assert excess.tolist() == [0.0, 0.0] and steps.tolist() == [0.0, 0.0]
+    flat = np.array([[5.0, 5.0, 5.0, 5.0, 5.0]])
+    excess, steps = overflows(flat, waiting[:1], 4.0, grid)
+    assert excess.tolist() == [4.0] and steps.tolist() == [40.0]

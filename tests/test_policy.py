@@ -1030,3 +1030,67 @@ def test_blocks_by_phase_splits_the_running_kv() -> None:
     o.num_computed_tokens = 9  # 3 blocks
     stranger = FakeRequest("x", PLAIN_PROMPT, num_computed_tokens=4)  # untracked: not answering
     assert policy.blocks_by_phase([t, o, stranger]) == (2, 3)
+
+
+def test_a_held_request_starts_once_its_weighted_wait_outweighs_the_preemptions_it_risks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The projection holds 5 newcomers to 3 in 40 blocks (the tests above). With a wait weight,
+    # the 4th starts once its wait times the weight reaches the expected cost of the preemptions
+    # it risks: its overflow recomputed at the prefill rate, plus the victim's re-queue delay.
+    monkeypatch.setattr(admission_module, "MIN_REQUESTS_IN_CACHE", 1)
+    clock, weight = Clock(), 2.0
+    config = SchedulerConfig(admission_wait_weight=weight)
+    policy = MeridianPolicy(MODEL, config, block_size=4, capacity=64, clock=clock)
+    _teach(policy, MIN_SAMPLES, 40)
+
+    def newcomers(tag: str) -> list[FakeRequest]:
+        waiting = [FakeRequest(f"{tag}{i}", PLAIN_PROMPT) for i in range(5)]
+        for r in waiting:
+            policy.track(r.request_id, r.prompt)
+        return waiting
+
+    def cost_of_the_fourth(waiting: list[FakeRequest]) -> float:
+        adm = policy.admission
+        blocks = adm.lengths.expected_blocks(*adm.progress(waiting), 4)
+        limit, grid = adm.peak_limit(40), adm.lengths.grid
+        excess, steps = headroom.overflows(blocks[:3].sum(axis=0)[None], blocks[3:], limit, grid)
+        return float(excess[0] * 4 / adm.rates.prefill_tokens_per_s + steps[0] * adm.rates.step_s)
+
+    waiting = newcomers("a")
+    assert policy.admissions([], waiting, 40) == 3  # no wait yet
+    # By hand, on the priors (1,000 tokens/s, 0.1 s a step): 4 newcomers growing from 3 to 43
+    # tokens peak at 44.1 blocks, 6.1 (24.6 tokens) over the 38 of 40 less the reserve, and stay
+    # over from step 33.2 to the grid's end (40): 0.025 + 0.68 s.
+    cost = cost_of_the_fourth(waiting)
+    assert cost == pytest.approx(0.025 + 0.68, abs=0.01)
+    clock.now = cost / weight * 0.99
+    assert policy.admissions([], waiting, 40) == 3
+    clock.now = cost / weight * 1.01
+    assert policy.admissions([], waiting, 40) == 4  # the 5th risks more: it waits on
+    clock.now = 1000.0
+    assert policy.admissions([], waiting, 40) == 5
+    # A preempted request restarts only when the projection says so (its wait since arrival
+    # would start it again at once: churn), and nobody behind it starts past it on cost.
+    policy.on_preempt(waiting[3].request_id)
+    assert policy.admissions([], waiting, 40) == 3
+    # Without a weight (the default) the projection alone decides, however long the wait.
+    plain = make_policy(admission="headroom")
+    _teach(plain, MIN_SAMPLES, 40)
+    for r in waiting:
+        plain.track(r.request_id, r.prompt, tracked_at=-1e6)
+    assert plain.admissions([], waiting, 40) == 3
+
+    # The engine's own steps teach the rates: steps of 10 ms that prefill 2,000 tokens make
+    # preemptions cheaper, and a held request starts after a shorter wait.
+    for _ in range(300):
+        policy.on_step(8, 2000)
+        clock.now += 0.01
+    waiting = newcomers("b")
+    tracked_at = clock.now
+    faster = cost_of_the_fourth(waiting)
+    assert faster < cost / 5
+    clock.now = tracked_at + faster / weight * 0.99
+    assert policy.admissions([], waiting, 40) == 3
+    clock.now = tracked_at + faster / weight * 1.01
+    assert policy.admissions([], waiting, 40) == 4

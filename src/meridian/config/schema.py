@@ -82,11 +82,13 @@ _PACE_V, _PACE = _interval(0, 10_000, lo_open=False, hi_open=False)
 # Latency budgets in ms: a microsecond to an hour (a denormal budget rounds to 0 s).
 _BUDGET_MS_V, _BUDGET_MS = _interval(0.001, 3_600_000, lo_open=False, hi_open=False)
 _RESERVE_V, _RESERVE = _interval(0, 0.5, lo_open=False, hi_open=False)
+_WAIT_WEIGHT_V, _WAIT_WEIGHT = _interval(0, 1_000_000, lo_open=False, hi_open=False)
 
 PosFloat = Annotated[float, _POS_V]
 PaceMs = Annotated[float, _PACE_V]
 BudgetMs = Annotated[float, _BUDGET_MS_V]
 ReserveFraction = Annotated[float, _RESERVE_V]
+WaitWeight = Annotated[float, _WAIT_WEIGHT_V]
 AtLeastOneFloat = Annotated[float, _GE1_V]
 AboveOneFloat = Annotated[float, _GT1_V]
 UnitOpenClosed = Annotated[float, _UNIT_OC_V]
@@ -192,6 +194,16 @@ class SchedulerConfig(_Section):
         "Headroom admission keeps this fraction of the KV cache out of its projection (the "
         "projected peak is a mean; the real one lies above it about half the time).",
         _RESERVE,
+    )
+    admission_wait_weight: WaitWeight = _field(
+        0.0,
+        "Cost-based admission on top of headroom's projection: a waiting request the projection "
+        "holds starts anyway once its wait so far times this weight is at least the expected "
+        "cost of the preemptions it risks (its projected overflow over the engine's prefill "
+        "rate, plus the time a victim would wait to restart; both learnt from the engine's own "
+        "steps). 0: off (the projection alone decides); larger: waiting weighs more (a "
+        "deployment that streams the reasoning feels every second of it).",
+        _WAIT_WEIGHT,
     )
     answer_pace_ms: PaceMs = _field(
         0.0,

@@ -12,6 +12,13 @@ Two levers, both consulted by the engine adapter before each step:
   smaller caches, as many as keep every request's bound (prompt plus ``max_tokens``) within the
   cache, while the bounds are tight. First of all, and cheaply: all of them, when the running and
   waiting requests fit the cache together at their bounds.
+- **Cost-based admission** (``scheduler.admission_wait_weight`` > 0), on top of the projection:
+  a new request it holds starts anyway, in head order, once the cost of its waiting (its time
+  in the queue, weighted) is at least the expected cost of the preemptions starting it risks
+  (:func:`~meridian.core.headroom.worth_admitting`): its projected overflow recomputed at the
+  engine's prefill rate, plus the victim's wait to restart, the projected time the load stays
+  over the cache (what the projection already knows, where a measured mean of past restarts
+  lags the load it would be applied to). Rate and step time: :class:`EngineRates`.
 """
 
 from __future__ import annotations
@@ -26,22 +33,74 @@ from meridian.config.schema import SchedulerConfig
 from meridian.core.format import expects_reasoning
 from meridian.core.headroom import (
     MIN_REQUESTS_IN_CACHE,
+    FloatArray,
     IntArray,
     Kind,
     LengthModel,
     admissible,
     bounded_admissible,
     bounds_usable,
+    overflows,
+    worth_admitting,
 )
 from meridian.core.interface import EngineRequest, PolicyStats, R
 from meridian.core.routing import Projection
 from meridian.core.state import RequestState, reasoned
 
-__all__ = ["ADMISSION_CANDIDATES", "Admission"]
+__all__ = ["ADMISSION_CANDIDATES", "Admission", "EngineRates"]
 
 # Waiting requests admission looks at: the head of the engine's waiting queue (both adapters
 # pass this many).
 ADMISSION_CANDIDATES = 64
+
+
+# The priors of EngineRates until the engine's steps say otherwise: conservative (a slow
+# prefill, a long step make preemptions look dear, so admission holds, as the projection does).
+PRIOR_PREFILL_TOKENS_PER_S = 1000.0
+PRIOR_STEP_S = 0.1
+# The weight of each new step in EngineRates' running means.
+RATE_ALPHA = 0.05
+
+
+class EngineRates:
+    """The engine's step time and prefill rate, learnt online from its own steps.
+
+    ``scheduled(num_rows, num_tokens, now)`` each step: the time since the previous one is the
+    previous step's (none across an idle spell). Steps whose prefill tokens (those beyond one a
+    row) are at least their rows time the rate at which the engine computes prompt and recompute
+    tokens (as it does them: in mixed steps, beside decode rows).
+
+    >>> rates = EngineRates()
+    >>> rates.scheduled(4, 4, 0.0); rates.scheduled(2, 1002, 0.02); rates.scheduled(2, 2, 0.52)
+    >>> round(rates.step_s, 4), round(rates.prefill_tokens_per_s, 1)
+    (0.1162, 1050.2)
+    """
+
+    __slots__ = ("_last", "prefill_tokens_per_s", "step_s")
+
+    def __init__(self) -> None:
+        self.step_s = PRIOR_STEP_S
+        self.prefill_tokens_per_s = PRIOR_PREFILL_TOKENS_PER_S
+        # (when, rows, tokens) of the last step scheduled; None: idle since.
+        self._last: tuple[float, int, int] | None = None
+
+    def scheduled(self, num_rows: int, num_tokens: int, now: float) -> None:
+        """The engine scheduled a step of ``num_rows`` rows, ``num_tokens`` tokens at ``now``."""
+        last, self._last = self._last, (now, num_rows, num_tokens)
+        if last is None:
+            return
+        then, rows, tokens = last
+        took = now - then
+        if took <= 0.0:
+            return
+        self.step_s += RATE_ALPHA * (took - self.step_s)
+        if tokens - rows >= rows:
+            rate = tokens / took
+            self.prefill_tokens_per_s += RATE_ALPHA * (rate - self.prefill_tokens_per_s)
+
+    def idle(self) -> None:
+        """The engine has nothing to run: the time until the next step is no step's."""
+        self._last = None
 
 
 def _bounds(requests: Sequence[EngineRequest]) -> tuple[IntArray, IntArray]:
@@ -84,8 +143,10 @@ class Admission:
         *,
         block_size: int,
         mode: Literal["headroom", "vllm"],
+        clock: Callable[[], float],
     ) -> None:
         self.states = states
+        self.clock = clock
         self.settle = settle
         self.stats = stats
         self.block_size = block_size
@@ -97,6 +158,8 @@ class Admission:
             config.admission_order
         )
         self.max_wait_s = float(config.admission_order_max_wait_s)
+        self.wait_weight = float(config.admission_wait_weight)
+        self.rates = EngineRates()
         self.lengths = LengthModel()
         # Whether admission went by the requests' bounds last time (headroom.bounds_usable),
         # and by the projection (projects).
@@ -105,10 +168,21 @@ class Admission:
 
     def wait_start(self, tracked_at: float | None, clock: Callable[[], float]) -> float:
         """When a new request's wait for admission starts (``tracked_at``; ``None``: now): 0.0
-        when admission goes in the engine's order, which never reads the wait (no clock read)."""
-        if self.reasoning_first is None:
+        when admission goes in the engine's order and weighs no wait, so never reads it (no clock
+        read)."""
+        if self.reasoning_first is None and not self.wait_weight:
             return 0.0
         return clock() if tracked_at is None else tracked_at
+
+    def scheduled(self, num_rows: int, num_tokens: int) -> None:
+        """The engine scheduled a step (the policy's ``on_step``): cost-based admission learns
+        the engine's rates from it."""
+        if self.wait_weight:
+            self.rates.scheduled(num_rows, num_tokens, self.clock())
+
+    def idle(self) -> None:
+        """The engine has nothing to run (the policy's ``on_idle``)."""
+        self.rates.idle()
 
     def finished(self, st: RequestState, num_output_tokens: int) -> None:
         """A request ran to its end after ``num_output_tokens``: its lengths teach the model."""
@@ -153,7 +227,11 @@ class Admission:
         if self._projected:
             blocks = lengths.expected_blocks(*self.progress([*running, *waiting]), bs)
             grown, candidates = blocks[: len(running)], blocks[len(running) :]
-            count = admissible(grown, candidates, self.peak_limit(num_blocks))
+            limit = self.peak_limit(num_blocks)
+            count = admissible(grown, candidates, limit)
+            if count < len(waiting) and self.wait_weight:
+                admitted = np.concatenate((grown, candidates[:count])).sum(axis=0)
+                count += self.worth_the_wait(waiting[count:], admitted, candidates[count:], limit)
         else:
             run, wait = _bounds(running), _bounds(waiting)
             mean_bound = float(run[1].sum() + wait[1].sum()) / (len(running) + len(waiting))
@@ -166,6 +244,33 @@ class Admission:
         if count < len(waiting):
             self.stats.num_admissions_held += 1
         return count
+
+    def worth_the_wait(
+        self, held: Sequence[R], admitted: FloatArray, blocks: FloatArray, limit: float
+    ) -> int:
+        """How many of ``held`` (from the head; the projection would hold them all) start anyway
+        on cost (module docstring): ``admitted`` is the expected blocks of the running and
+        admitted requests together, ``blocks`` the held ones' (rows), ``limit`` the peak limit."""
+        rates, states = self.rates, self.states
+        excess, steps = overflows(admitted[None, :], blocks, limit, self.lengths.grid)
+        now = self.clock()
+        for i, request in enumerate(held):
+            st = states.get(request.request_id)
+            # NOTE: a preempted request restarts when the projection says (its wait since
+            # arrival would start it at once, to be preempted again: churn); nor does a newer
+            # request start past it on cost.
+            if st is None or st.preempted:
+                return i
+            wait_s = now - st.tracked_at
+            if not worth_admitting(
+                wait_s,
+                self.wait_weight,
+                float(excess[i]) * self.block_size,
+                rates.prefill_tokens_per_s,
+                float(steps[i]) * rates.step_s,
+            ):
+                return i
+        return len(held)
 
     def peak_limit(self, num_blocks: int) -> float:
         """The blocks admission keeps the projected peak within, in a cache of ``num_blocks``:

@@ -56,6 +56,8 @@ __all__ = [
     "bounded_admissible",
     "bounded_peak",
     "bounds_usable",
+    "overflows",
+    "worth_admitting",
 ]
 
 # Finished requests the model needs before it projects anything.
@@ -310,6 +312,50 @@ def admissible(running: FloatArray, waiting: FloatArray, num_blocks: float) -> i
     if count == 0 and len(running) == 0 and len(waiting):
         return 1
     return count
+
+
+def overflows(
+    running: FloatArray, waiting: FloatArray, num_blocks: float, grid: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """What admitting the first ``k + 1`` of ``waiting`` risks, for each ``k`` (rows as in
+    :func:`admissible`, columns on ``grid``, in steps from now): the expected blocks above
+    ``num_blocks`` at the projected peak (0 where it fits), and how many steps the projected load
+    stays above ``num_blocks`` (from its first step over to the first after the peak back within,
+    or the grid's end): how long a request preempted for the overflow waits for room again.
+
+    >>> r = np.array([[4.0, 5.0, 0.0]]); w = np.array([[2.0, 3.0, 0.0], [2.0, 3.0, 0.0]])
+    >>> excess, steps = overflows(r, w, 9.0, np.array([0.0, 10.0, 20.0]))
+    >>> excess.tolist(), steps.tolist()
+    ([0.0, 2.0], [0.0, 10.0])
+    """
+    totals = running.sum(axis=0)[None, :] + np.cumsum(waiting, axis=0)
+    over = totals > num_blocks
+    excess: FloatArray = np.maximum(totals.max(axis=1) - num_blocks, 0.0)
+    first = over.argmax(axis=1)
+    peak = totals.argmax(axis=1)
+    after = np.arange(len(grid))[None, :] > peak[:, None]
+    back_within = after & ~over
+    back = np.where(back_within.any(axis=1), back_within.argmax(axis=1), len(grid) - 1)
+    steps: FloatArray = np.where(over.any(axis=1), grid[back] - grid[first], 0.0)
+    return excess, steps
+
+
+def worth_admitting(
+    wait_s: float,
+    wait_weight: float,
+    overflow_tokens: float,
+    prefill_tokens_per_s: float,
+    requeue_s: float,
+) -> bool:
+    """Whether a held request should start: the cost of its waiting (``wait_s`` so far, times
+    ``wait_weight``, the user model's) is at least the expected cost of the preemptions starting
+    it risks (recomputing ``overflow_tokens`` at ``prefill_tokens_per_s``, plus ``requeue_s``,
+    the victim's wait to restart). Both sides in seconds.
+
+    >>> worth_admitting(10.0, 1.0, 8000.0, 1000.0, 2.0), worth_admitting(9.9, 1.0, 8000, 1000, 2)
+    (True, False)
+    """
+    return wait_s * wait_weight >= overflow_tokens / prefill_tokens_per_s + requeue_s
 
 
 def bounded_peak(tokens: IntArray, bounds: IntArray, block_size: int) -> float:

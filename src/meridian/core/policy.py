@@ -62,6 +62,7 @@ class MeridianPolicy(TrackingPolicy):
             self.stats,
             block_size=self.block_size,
             mode=admission,
+            clock=self.clock,
         )
         # NOTE: one phase (no boundaries), nothing to arbitrate: the engine's order, preemption
         # and admission stand; tracking and counting go on (vLLM's own scheduler tests pass).
@@ -92,12 +93,14 @@ class MeridianPolicy(TrackingPolicy):
         """Time the step until the next ``plan`` (the output budget's fit; not standing aside)."""
         if not self.stands_aside:
             self.planner.scheduled(num_rows, num_tokens)
+            self.admission.scheduled(num_rows, num_tokens)
 
     def on_idle(self) -> None:
         """The time until the next step is no step's."""
         super().on_idle()
         self.output_budget.idle()
         self.planner.idle()
+        self.admission.idle()
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         """The coming step's plan (:mod:`meridian.core.planner`); standing aside, the engine's."""
