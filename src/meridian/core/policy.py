@@ -62,7 +62,7 @@ class MeridianPolicy(TrackingPolicy):
             self.stats,
             block_size=self.block_size,
             mode=admission,
-            clock=self.clock,
+            clock=self.step_clock.now,
         )
         # NOTE: one phase (no boundaries), nothing to arbitrate: the engine's order, preemption
         # and admission stand; tracking and counting go on (vLLM's own scheduler tests pass).
