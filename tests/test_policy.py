@@ -1082,8 +1082,10 @@ def test_a_held_request_starts_once_its_weighted_wait_outweighs_the_preemptions_
     assert plain.admissions([], waiting, 40) == 3
 
     # The engine's own steps teach the rates: steps of 10 ms that prefill 2,000 tokens make
-    # preemptions cheaper, and a held request starts after a shorter wait.
-    for _ in range(300):
+    # preemptions cheaper, and a held request starts after a shorter wait (each step planned
+    # first, as both drivers do: the plan starts the step's clock).
+    for step in range(300):
+        policy.plan([], step, 40)
         policy.on_step(8, 2000)
         clock.now += 0.01
     waiting = newcomers("b")
@@ -1091,6 +1093,8 @@ def test_a_held_request_starts_once_its_weighted_wait_outweighs_the_preemptions_
     faster = cost_of_the_fourth(waiting)
     assert faster < cost / 5
     clock.now = tracked_at + faster / weight * 0.99
+    policy.plan([], 300, 40)
     assert policy.admissions([], waiting, 40) == 3
     clock.now = tracked_at + faster / weight * 1.01
+    policy.plan([], 301, 40)
     assert policy.admissions([], waiting, 40) == 4

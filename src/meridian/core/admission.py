@@ -44,6 +44,7 @@ from meridian.core.headroom import (
     worth_admitting,
 )
 from meridian.core.interface import EngineRequest, PolicyStats, R
+from meridian.core.pacing import StepClock
 from meridian.core.routing import Projection
 from meridian.core.state import RequestState, reasoned
 
@@ -65,13 +66,14 @@ RATE_ALPHA = 0.05
 class EngineRates:
     """The engine's step time and prefill rate, learnt online from its own steps.
 
-    ``scheduled(num_rows, num_tokens, now)`` each step: the time since the previous one is the
-    previous step's (none across an idle spell). Steps whose prefill tokens (those beyond one a
-    row) are at least their rows time the rate at which the engine computes prompt and recompute
-    tokens (as it does them: in mixed steps, beside decode rows).
+    ``scheduled(num_rows, num_tokens, took)`` each step, ``took`` the previous step's time
+    (:attr:`~meridian.core.pacing.StepClock.took`; ``None`` after an idle spell). Steps whose
+    prefill tokens (those beyond one a row) are at least their rows time the rate at which the
+    engine computes prompt and recompute tokens (as it does them: in mixed steps, beside decode
+    rows).
 
     >>> rates = EngineRates()
-    >>> rates.scheduled(4, 4, 0.0); rates.scheduled(2, 1002, 0.02); rates.scheduled(2, 2, 0.52)
+    >>> rates.scheduled(4, 4, None); rates.scheduled(2, 1002, 0.02); rates.scheduled(2, 2, 0.5)
     >>> round(rates.step_s, 4), round(rates.prefill_tokens_per_s, 1)
     (0.1162, 1050.2)
     """
@@ -81,26 +83,20 @@ class EngineRates:
     def __init__(self) -> None:
         self.step_s = PRIOR_STEP_S
         self.prefill_tokens_per_s = PRIOR_PREFILL_TOKENS_PER_S
-        # (when, rows, tokens) of the last step scheduled; None: idle since.
-        self._last: tuple[float, int, int] | None = None
+        # (rows, tokens) of the last step scheduled.
+        self._last: tuple[int, int] | None = None
 
-    def scheduled(self, num_rows: int, num_tokens: int, now: float) -> None:
-        """The engine scheduled a step of ``num_rows`` rows, ``num_tokens`` tokens at ``now``."""
-        last, self._last = self._last, (now, num_rows, num_tokens)
-        if last is None:
+    def scheduled(self, num_rows: int, num_tokens: int, took: float | None) -> None:
+        """The engine scheduled a step of ``num_rows`` rows, ``num_tokens`` tokens; the one
+        before it took ``took`` seconds."""
+        last, self._last = self._last, (num_rows, num_tokens)
+        if last is None or took is None or took <= 0.0:
             return
-        then, rows, tokens = last
-        took = now - then
-        if took <= 0.0:
-            return
+        rows, tokens = last
         self.step_s += RATE_ALPHA * (took - self.step_s)
         if tokens - rows >= rows:
             rate = tokens / took
             self.prefill_tokens_per_s += RATE_ALPHA * (rate - self.prefill_tokens_per_s)
-
-    def idle(self) -> None:
-        """The engine has nothing to run: the time until the next step is no step's."""
-        self._last = None
 
 
 def _bounds(requests: Sequence[EngineRequest]) -> tuple[IntArray, IntArray]:
@@ -143,10 +139,10 @@ class Admission:
         *,
         block_size: int,
         mode: Literal["headroom", "vllm"],
-        clock: Callable[[], float],
+        step_clock: StepClock,
     ) -> None:
         self.states = states
-        self.clock = clock
+        self.step_clock = step_clock
         self.settle = settle
         self.stats = stats
         self.block_size = block_size
@@ -178,11 +174,7 @@ class Admission:
         """The engine scheduled a step (the policy's ``on_step``): cost-based admission learns
         the engine's rates from it."""
         if self.wait_weight:
-            self.rates.scheduled(num_rows, num_tokens, self.clock())
-
-    def idle(self) -> None:
-        """The engine has nothing to run (the policy's ``on_idle``)."""
-        self.rates.idle()
+            self.rates.scheduled(num_rows, num_tokens, self.step_clock.took)
 
     def finished(self, st: RequestState, num_output_tokens: int) -> None:
         """A request ran to its end after ``num_output_tokens``: its lengths teach the model."""
@@ -253,7 +245,7 @@ class Admission:
         admitted requests together, ``blocks`` the held ones' (rows), ``limit`` the peak limit."""
         rates, states = self.rates, self.states
         excess, steps = overflows(admitted[None, :], blocks, limit, self.lengths.grid)
-        now = self.clock()
+        now = self.step_clock.now()
         for i, request in enumerate(held):
             st = states.get(request.request_id)
             # NOTE: a preempted request restarts when the projection says (its wait since

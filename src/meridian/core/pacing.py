@@ -19,17 +19,23 @@ class StepClock:
     """When the step under way started, on the policy's ``clock``: read once a step, by the plan
     (:meth:`start`); the step's other readers (the waiting order, the tracker stamping the step's
     tokens) get that time (:meth:`now`) until its tokens are observed (:meth:`observed`). A step
-    nobody planned (a policy standing aside, a baseline) reads the clock where it is asked."""
+    nobody planned (a policy standing aside, a baseline) reads the clock where it is asked.
+    ``took``: the last step's time, start to start (``None`` after an idle spell): every reader
+    of a step's duration reads it here."""
 
-    __slots__ = ("_now", "clock")
+    __slots__ = ("_now", "_started", "clock", "took")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self._now: float | None = None
+        self._started: float | None = None
+        self.took: float | None = None
 
     def start(self) -> float:
         """A step is being planned: the clock, read for the step."""
         now = self._now = self.clock()
+        started, self._started = self._started, now
+        self.took = None if started is None else now - started
         return now
 
     def now(self) -> float:
@@ -44,8 +50,9 @@ class StepClock:
         return self.clock() if now is None else now
 
     def idle(self) -> None:
-        """The engine has nothing to run: no step is under way."""
-        self._now = None
+        """The engine has nothing to run: no step is under way, and the time until the next is
+        no step's."""
+        self._now = self._started = None
 
 
 class StepTimes:

@@ -88,8 +88,7 @@ class Planner:
         self.step_clock = step_clock
         self._last_answer_step = last_answer_step
         self._token_time = token_time
-        self.plan_time = 0.0
-        self._idle = True
+        self.plan_time = 0.0  # when the last plan's step started
         # Plain paths (meridian.core.memo): every step's order computed in full, no plan kept.
         self.plain = plain_paths()
         # NOTE: the lazy and moot orders earn their place: every order in full took Meridian to
@@ -156,7 +155,6 @@ class Planner:
     def idle(self) -> None:
         """The engine has nothing to run: the batch sizes read 0, and the time until the next
         step is no step's time."""
-        self._idle = True
         self.queues.serve_all()
 
     # -- the plan -------------------------------------------------------------------------------
@@ -174,12 +172,10 @@ class Planner:
         return ``running`` itself as the order (``stats.num_reordered_steps`` counts the
         others)."""
         # The step starts (the core's one clock read a step, for every reader of its time); the
-        # last step's time, plan to plan (None after an idle spell), for the output budget's fit
-        # and the answer pacer: measured here only.
-        now = self.step_clock.start()
-        took = None if self._idle else now - self.plan_time
-        self._idle = False
-        self.plan_time = now
+        # last step's time (StepClock.took), for the output budget's fit and the answer pacer.
+        step_clock = self.step_clock
+        now = self.plan_time = step_clock.start()
+        took = step_clock.took
         if self.output_budget.planned(took):
             self._dirty = True
         pacer = self.pacer

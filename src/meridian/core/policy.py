@@ -62,7 +62,7 @@ class MeridianPolicy(TrackingPolicy):
             self.stats,
             block_size=self.block_size,
             mode=admission,
-            clock=self.step_clock.now,
+            step_clock=self.step_clock,
         )
         # NOTE: one phase (no boundaries), nothing to arbitrate: the engine's order, preemption
         # and admission stand; tracking and counting go on (vLLM's own scheduler tests pass).
@@ -100,7 +100,6 @@ class MeridianPolicy(TrackingPolicy):
         super().on_idle()
         self.output_budget.idle()
         self.planner.idle()
-        self.admission.idle()
 
     def plan(self, running: Sequence[R], step: int, num_free_blocks: int) -> Plan[R]:
         """The coming step's plan (:mod:`meridian.core.planner`); standing aside, the engine's."""
