@@ -15,6 +15,9 @@ Run (vLLM's own scheduler, needs the vLLM environment: `make vllm-venv`):
 
     .venv-vllm/bin/python benchmarks/bench_targets.py --workloads synthetic --loads 1.1 \
         --duration 120 --warmup 40 --engine model                # a short check, minutes
+    .venv-vllm/bin/python benchmarks/bench_targets.py --workloads synthetic --seeds 0 \
+        --out synthetic-seed0.json                               # the sweep a part at a time,
+    .venv-vllm/bin/python benchmarks/bench_targets.py --merge *-seed*.json   # then pooled
 
 Every cell runs each of ``--seeds`` (default 0,1,2); per workload and seed one trace is drawn at
 the sweep's highest rate and thinned to each rate (nested loads), and the first ``--warmup``
@@ -60,6 +63,7 @@ from meridian.bench.targets import (
     TargetsRun,
     WorkloadSweep,
 )
+from meridian.bench.targets_merge import MergeError, is_full_sweep, merge_runs
 from meridian.bench.targets_render import (
     count_misses,
     fmt,
@@ -156,6 +160,11 @@ def main() -> int:
         help="run nothing: print the tables of saved runs (default: this model's committed "
         "results file) and, for a committed one, rewrite the README's and docs' blocks from it",
     )  # fmt: skip
+    ap.add_argument(
+        "--merge", nargs="+", metavar="JSON",
+        help="run nothing: pool runs made apart (a seed or a workload at a time) into one; the "
+        "full sweep's cells go to the committed results file and the docs, others to --out",
+    )  # fmt: skip
     ap.add_argument("-v", "--verbose", action="store_true", help="show vLLM's own log lines")
     args = ap.parse_args()
     if not args.verbose:
@@ -172,6 +181,8 @@ def main() -> int:
             if path.resolve().parent == RESULTS.resolve():
                 _write_docs(run)
         return 0
+    if args.merge is not None:
+        return _merge(ap, args.merge, args.out, workloads)
     if args.rates and len(workloads) != 1:
         ap.error("--rates needs exactly one workload (--workloads NAME)")
     capacities: dict[str, float] = {}
@@ -288,15 +299,49 @@ def main() -> int:
             for w in workloads
         ],
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(run.model_dump(mode="json"), indent=1) + "\n", encoding="utf-8")
+    _save(run, out, full)
+    return 0
+
+
+def _save(run: TargetsRun, path: Path, full: bool) -> None:
+    """Write ``run`` to ``path``, print its tables, draw its attainment curves (the full
+    sweep's to ``docs/img/``) and, for the full sweep, rewrite the docs' blocks."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(run.model_dump(mode="json"), indent=1) + "\n", encoding="utf-8")
     _print(run)
-    print(f"wrote {out}")
-    base = REPO / "docs" / "img" / out.stem if full else out.with_suffix("")
+    print(f"wrote {path}" + (" (the full sweep)" if full else ""))
+    base = REPO / "docs" / "img" / path.stem if full else path.with_suffix("")
     for plot in write_attainment(run, base):
         print(f"wrote {plot}")
     if full:
         _write_docs(run)
+
+
+def _merge(ap: argparse.ArgumentParser, paths: list[str], out: Path | None,
+           workloads: list[str]) -> int:  # fmt: skip
+    """``--merge``: pool the runs in ``paths`` (see :mod:`meridian.bench.targets_merge`)."""
+    parts = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            ap.error(f"--merge: no results file {path}")
+        parts.append(TargetsRun.model_validate_json(path.read_text(encoding="utf-8")))
+    command = shlex.join(["benchmarks/bench_targets.py", *sys.argv[1:]])
+    try:
+        run = merge_runs(parts, command)
+    except MergeError as exc:
+        ap.error(f"--merge: {exc}")
+    full = out is None and is_full_sweep(run, workloads)
+    if out is not None:
+        path = out
+    elif full:
+        path = results_path(run.hardware, run.model)
+    else:
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+        names = [s.workload for s in run.workloads]
+        path = REPO / "meridian-out" / "targets"
+        path /= partial_name(run.hardware, run.model, names, stamp)
+    print(f"pooled {len(parts)} runs, seeds {run.all_seeds}, commits {run.commit}")
+    _save(run, path, full)
     return 0
 
 

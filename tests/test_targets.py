@@ -185,3 +185,73 @@ def test_render_takes_several_runs_and_names_a_missing_file(cell: tuple, tmp_pat
     )  # fmt: skip
     assert missing.returncode == 2 and "--render: no results file" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_merge_pools_runs_made_apart_and_refuses_what_does_not_pool(
+    cell: tuple, tmp_path: Path
+) -> None:
+    b, offered = cell
+    script = str(REPO / "benchmarks" / "bench_targets.py")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    paths = []
+    for seed, commit in ((0, "aaa1111"), (1, "bbb2222")):
+        rows = [b.model_copy(update={"policy": p, "seed": seed}) for p in (STOCK, MERIDIAN)]
+        run = _run(rows, offered).model_copy(
+            update={"commit": commit, "seed": seed, "seeds": [seed], "command": f"part {seed}"}
+        )
+        path = tmp_path / f"seed{seed}.json"
+        path.write_text(run.model_dump_json(), encoding="utf-8")
+        paths.append(str(path))
+    out = tmp_path / "pooled.json"
+
+    def merge(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, script, "--merge", *args, "--out", str(out)],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+
+    done = merge(*reversed(paths))
+    assert done.returncode == 0, done.stderr
+    pooled = TargetsRun.model_validate_json(out.read_text(encoding="utf-8"))
+    sweep = pooled.sweep("synthetic")
+    assert pooled.all_seeds == [0, 1] and pooled.commit == "bbb2222, aaa1111"
+    assert [(c.policy, c.seed) for c in sweep.cells] == [
+        (MERIDIAN, 0), (MERIDIAN, 1), (STOCK, 0), (STOCK, 1),
+    ]  # fmt: skip
+    assert "part 0" in pooled.command and "part 1" in pooled.command
+    assert pooled.wall_s == 2.0 and "seeds [0, 1]" in done.stdout
+    # The same cell twice, or parts of different arrival windows, do not pool: one line each.
+    twice = merge(paths[0], paths[0])
+    assert twice.returncode == 2 and "repeats synthetic 4 req/s" in twice.stderr
+    other = TargetsRun.model_validate_json(Path(paths[1]).read_text(encoding="utf-8"))
+    Path(paths[1]).write_text(
+        other.model_copy(update={"duration_s": 20.0}).model_dump_json(), encoding="utf-8"
+    )
+    longer = merge(*paths)
+    assert longer.returncode == 2 and "differs in duration_s: 20.0 vs 10.0" in longer.stderr
+    assert "Traceback" not in twice.stderr + longer.stderr
+
+
+def test_a_pooled_run_is_the_full_sweep_only_with_every_cell(cell: tuple) -> None:
+    from meridian.bench.targets import LOADS, PASCAL, POLICIES, SEEDS
+    from meridian.bench.targets_merge import is_full_sweep
+
+    b, offered = cell
+    rows = [
+        b.model_copy(update={"rate": round(load * 4.0, 4), "policy": policy, "seed": seed})
+        for load in LOADS
+        for policy in POLICIES
+        for seed in SEEDS
+        if policy != PASCAL or load >= 0.9
+    ]
+    full = _run(rows, offered).model_copy(
+        update={"engine": "vllm", "duration_s": 600.0, "warmup_s": 200.0}
+    )
+    assert is_full_sweep(full, ["synthetic"])
+    assert not is_full_sweep(full, ["synthetic", "servegen-r1"])
+    sweep = full.sweep("synthetic")
+    short = full.model_copy(
+        update={"workloads": [sweep.model_copy(update={"cells": sweep.cells[1:]})]}
+    )
+    assert not is_full_sweep(short, ["synthetic"])
+    assert not is_full_sweep(full.model_copy(update={"warmup_s": 0.0}), ["synthetic"])

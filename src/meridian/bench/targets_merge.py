@@ -1,0 +1,122 @@
+"""Pool sweeps run apart (a workload or a seed at a time) into one :class:`TargetsRun`.
+
+The full sweep takes hours on a 2-core machine; its cells are on virtual time, so a run of one
+seed or one workload measures exactly what the same cells of the full run would. Parts pool when
+they ran the same engine, model, hardware, arrival window and warm-up, each workload at the same
+capacity and trace rate, and no cell (workload, rate, policy, seed) is in two parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from meridian.bench.offered import OfferedLoad
+from meridian.bench.targets import (
+    DURATION_S,
+    LOADS,
+    PASCAL,
+    POLICIES,
+    SEEDS,
+    WARMUP_S,
+    CellResult,
+    TargetsRun,
+    WorkloadSweep,
+)
+
+__all__ = ["MergeError", "is_full_sweep", "merge_runs"]
+
+# What every part must share (a field of TargetsRun each).
+_SHARED = (
+    "engine", "scheduler", "vllm_version", "model", "hardware", "num_kv_blocks", "max_num_seqs",
+    "max_num_batched_tokens", "duration_s", "warmup_s", "schema_version",
+)  # fmt: skip
+
+
+class MergeError(ValueError):
+    """Parts that cannot pool; the message is one line naming the difference."""
+
+
+def merge_runs(parts: Sequence[TargetsRun], command: str) -> TargetsRun:
+    """One run holding every cell of ``parts`` (``command``: how they were pooled, recorded
+    beside each part's own command). Raises :class:`MergeError`."""
+    if not parts:
+        raise MergeError("nothing to merge")
+    first = parts[0]
+    for n, part in enumerate(parts[1:], start=2):
+        for name in _SHARED:
+            mine, theirs = getattr(part, name), getattr(first, name)
+            if mine != theirs:
+                raise MergeError(f"part {n} differs in {name}: {mine!r} vs {theirs!r}")
+    shapes: dict[str, WorkloadSweep] = {}  # each workload's first sweep: capacity, trace rate
+    cells: dict[str, list[CellResult]] = {}
+    offered: dict[str, tuple[int, dict[str, OfferedLoad]]] = {}  # the lowest seed's, as one run
+    seen: dict[tuple[str, float, str, int], int] = {}
+    for n, part in enumerate(parts, start=1):
+        for sweep in part.workloads:
+            shape = shapes.setdefault(sweep.workload, sweep)
+            if (sweep.capacity_req_s, sweep.trace_rate) != (shape.capacity_req_s, shape.trace_rate):
+                raise MergeError(
+                    f"part {n}: {sweep.workload} ran at capacity {sweep.capacity_req_s:g} req/s, "
+                    f"trace rate {sweep.trace_rate}, another part at "
+                    f"{shape.capacity_req_s:g}, {shape.trace_rate}"
+                )
+            for cell in sweep.cells:
+                key = (cell.workload, cell.rate, cell.policy, cell.seed)
+                if key in seen:
+                    raise MergeError(
+                        f"part {n} repeats {cell.workload} {cell.rate:g} req/s {cell.policy} seed "
+                        f"{cell.seed} (also in part {seen[key]})"
+                    )
+                seen[key] = n
+            cells.setdefault(sweep.workload, []).extend(sweep.cells)
+            low = min((c.seed for c in sweep.cells), default=0)
+            if sweep.workload not in offered or low < offered[sweep.workload][0]:
+                offered[sweep.workload] = (low, sweep.offered)
+    sweeps = {
+        name: shape.model_copy(
+            update={
+                "cells": sorted(cells[name], key=lambda c: (c.rate, c.policy, c.seed)),
+                "offered": offered[name][1],
+            }
+        )
+        for name, shape in shapes.items()
+    }
+    seeds = sorted({c.seed for s in sweeps.values() for c in s.cells})
+    commits = list(dict.fromkeys(p.commit for p in parts))
+    commands = list(dict.fromkeys(p.command for p in parts))
+    return first.model_copy(
+        update={
+            "command": f"{command} (pooling: {'; '.join(commands)})",
+            "commit": ", ".join(commits),
+            "uncommitted_changes": any(p.uncommitted_changes for p in parts),
+            "date": max(p.date for p in parts),
+            "seed": seeds[0],
+            "seeds": seeds,
+            "jobs": max(p.jobs for p in parts),
+            "wall_s": round(sum(p.wall_s for p in parts), 1),
+            "workloads": list(sweeps.values()),
+        }
+    )
+
+
+def is_full_sweep(run: TargetsRun, workloads: Sequence[str]) -> bool:
+    """Whether ``run`` holds exactly the default sweep's cells over ``workloads``: every load of
+    :data:`LOADS` at the workload's capacity, every policy (Pascal from 90 % of capacity), every
+    seed of :data:`SEEDS`, the default arrival window and warm-up, vLLM's scheduler."""
+    if run.engine != "vllm" or (run.duration_s, run.warmup_s) != (DURATION_S, WARMUP_S):
+        return False
+    if sorted(s.workload for s in run.workloads) != sorted(workloads):
+        return False
+    for sweep in run.workloads:
+        rates = [round(load * sweep.capacity_req_s, 4) for load in LOADS]
+        want = {
+            (rate, policy, seed)
+            for rate in rates
+            for policy in POLICIES
+            for seed in SEEDS
+            if policy != PASCAL or rate >= (0.9 - 1e-9) * sweep.capacity_req_s
+        }
+        have = [(c.rate, c.policy, c.seed) for c in sweep.cells]
+        if len(have) != len(want) or set(have) != want:
+            return False
+    return True
