@@ -17,7 +17,10 @@ token, end of thinking, cleanup) are spread over 4x fewer steps. Each cell runs 
 up, then ``--rounds`` times; the round with the median ratio is shown, with the lowest and
 highest (wall times on a shared machine swing by tens of percent).
 
-Run: ``.venv-vllm/bin/python benchmarks/bench_vllm_overhead.py [--rounds 5]``.
+Run: ``.venv-vllm/bin/python benchmarks/bench_vllm_overhead.py [--rounds 5] [--cells 64x64]
+[--per-step]``. ``--per-step`` also prints where in a run Meridian's time goes: the median over
+rounds of its schedule- and update-side microseconds at the first step (tracking the batch), the
+second, the steps between (their mean) and the last (untracking the batch).
 """
 
 from __future__ import annotations
@@ -39,9 +42,22 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=5, help="measured runs per cell (the median is shown)"
     )
+    parser.add_argument(
+        "--cells", default="64x256,256x256,64x64,256x64",
+        help="REQUESTSxTOKENS cells to run, comma-separated (default: all four)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--per-step", action="store_true", help="also print Meridian's time by step of a run"
+    )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1; got {args.rounds}")
+    try:
+        cells = [tuple(int(x) for x in cell.split("x")) for cell in args.cells.split(",")]
+        if any(len(cell) != 2 or min(cell) < 1 or cell[0] > 256 for cell in cells):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--cells must be REQUESTSxTOKENS pairs (requests 1-256); got {args.cells!r}")
     from vllm.entrypoints.llm import LLM
     from vllm.sampling_params import SamplingParams
 
@@ -84,7 +100,19 @@ def main() -> None:
         f"{'ratio':>7} {'rounds':>13} {'processor ms':>12}"
     )
     fields = ("schedule_overhead_s", "update_overhead_s", "stock_schedule_s", "stock_update_s")
-    for num_requests, max_tokens in ((64, 256), (256, 256), (64, 64), (256, 64)):
+    per_step: list[tuple[float, float]] = []  # (schedule, update) seconds after each step
+    if args.per_step:
+        update = scheduler.update_from_output
+
+        def recording_update(*a: Any, **kw: Any) -> Any:
+            try:
+                return update(*a, **kw)
+            finally:
+                o = scheduler.meridian_overhead
+                per_step.append((o.schedule_overhead_s, o.update_overhead_s))
+
+        scheduler.update_from_output = recording_update
+    for num_requests, max_tokens in cells:
         prompts: list[Any] = []
         params = []
         for i in range(num_requests):
@@ -105,8 +133,11 @@ def main() -> None:
             )
         llm.generate(prompts, params, use_tqdm=False)  # warm-up: lazy imports, first builds
         rounds = []
+        steps_by_round: list[list[tuple[float, float]]] = []
         for _ in range(args.rounds):
             before = snapshot()
+            per_step.clear()
+            last = (before["schedule_overhead_s"], before["update_overhead_s"])
             start = time.perf_counter()
             llm.generate(prompts, params, use_tqdm=False)
             wall = time.perf_counter() - start
@@ -121,6 +152,11 @@ def main() -> None:
                 after["num_engine_order_steps"] - before["num_engine_order_steps"],
             )
             processor_ms = 1000 * (after["processor_s"] - before["processor_s"]) / steps
+            deltas = []
+            for now in per_step:
+                deltas.append((now[0] - last[0], now[1] - last[1]))
+                last = now
+            steps_by_round.append(deltas)
             rounds.append((ours / stock, ms, counts, wall, processor_ms))
         rounds.sort(key=lambda r: r[0])
         ratio, ms, (steps, reordered, kept), wall, processor_ms = rounds[len(rounds) // 2]
@@ -132,6 +168,8 @@ def main() -> None:
             f"{ms['update_overhead_s']:>18.3f} {ratio:>7.3f} {spread:>13} {processor_ms:>12.3f}"
             f"   (run {wall:.1f} s; the median round)"
         )
+        if args.per_step:
+            _print_per_step(steps_by_round)
     print(
         f"policy errors: {scheduler.meridian_policy_errors}; ms are per step, of the "
         f"median of {args.rounds} rounds by ratio (after a warm-up run; 'rounds': the lowest and "
@@ -143,6 +181,22 @@ def main() -> None:
         "case for re-planning. 'processor ms': Meridian's logits processor per step (phase "
         "sync, entropy of the thinking rows, forcing), in the model runner; not in the ratio."
     )
+
+
+def _print_per_step(steps_by_round: list[list[tuple[float, float]]]) -> None:
+    """Median over rounds of Meridian's schedule/update microseconds at the first, second,
+    middle (mean) and last step of a run."""
+    import numpy as np
+
+    n = min(len(r) for r in steps_by_round)
+    if n < 4:
+        return
+    us = np.median(np.array([r[:n] for r in steps_by_round]) * 1e6, axis=0)  # (step, side)
+    parts = {"first": us[0], "second": us[1], "middle (mean)": us[2:-1].mean(axis=0),
+             "last": us[-1]}  # fmt: skip
+    print("         per step, us (schedule / update): " + ", ".join(
+        f"{name} {s:.1f} / {u:.1f}" for name, (s, u) in parts.items()
+    ))  # fmt: skip
 
 
 if __name__ == "__main__":
