@@ -19,6 +19,9 @@ Run (vLLM's own scheduler, needs the vLLM environment: `make vllm-venv`):
         --out synthetic-seed0.json                               # the sweep a part at a time,
     .venv-vllm/bin/python benchmarks/bench_targets.py --merge *-seed*.json   # then pooled
 
+Each finished cell is logged beside the results file (``OUT.cells.jsonl``); a sweep cut short
+goes on from it with the same arguments (the same ``--out``) and ``--resume``.
+
 Every cell runs each of ``--seeds`` (default 0,1,2); per workload and seed one trace is drawn at
 the sweep's highest rate and thinned to each rate (nested loads), and the first ``--warmup``
 seconds of arrivals (default 200 of the 600) are in no statistic.
@@ -38,12 +41,13 @@ depend on ``--jobs`` (virtual time).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import shlex
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +67,13 @@ from meridian.bench.targets import (
     TargetsRun,
     WorkloadSweep,
 )
-from meridian.bench.targets_merge import MergeError, is_full_sweep, merge_runs
+from meridian.bench.targets_merge import (
+    CellLog,
+    LoggedCell,
+    MergeError,
+    is_full_sweep,
+    merge_runs,
+)
 from meridian.bench.targets_render import (
     count_misses,
     fmt,
@@ -165,6 +175,10 @@ def main() -> int:
         help="run nothing: pool runs made apart (a seed or a workload at a time) into one; the "
         "full sweep's cells go to the committed results file and the docs, others to --out",
     )  # fmt: skip
+    ap.add_argument(
+        "--resume", action="store_true",
+        help="go on from the cells a run cut short logged beside its --out (OUT.cells.jsonl)",
+    )  # fmt: skip
     ap.add_argument("-v", "--verbose", action="store_true", help="show vLLM's own log lines")
     args = ap.parse_args()
     if not args.verbose:
@@ -252,18 +266,42 @@ def main() -> int:
         f"warm-up; seeds {args.seeds}; loads nested), {args.jobs} at a time; results to {out}",
         flush=True,
     )
+    log = CellLog(out)
+    resumed: list[LoggedCell] = []
+    if log.path.exists():
+        if not args.resume:
+            ap.error(f"{log.path} holds the cells of an earlier run of this sweep: --resume to go "
+                     "on from them, or delete it to start again")  # fmt: skip
+        planned = set(cells)
+        resumed = [e for e in log.read() if e.key in planned]
+        print(f"resuming: {len(resumed)} of {len(cells)} cells done in {log.path}", flush=True)
+    elif args.resume:
+        ap.error(f"--resume: no cell log {log.path}")
     started = time.perf_counter()
+    before_s = max((e.elapsed_s for e in resumed), default=0.0)
+    done = {e.key for e in resumed}
     # The longest cells (overloaded ones) first, so that the last ones overlap less.
-    order = sorted(cells, key=lambda c: -c.rate / capacities[c.workload])
-    rows: list[CellResult] = []
-    offered: dict[str, dict[str, OfferedLoad]] = {w: {} for w in workloads}
+    order = [c for c in sorted(cells, key=lambda c: -c.rate / capacities[c.workload])
+             if c not in done]  # fmt: skip
+    entries = list(resumed)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for n, (cell, (row, load)) in enumerate(zip(order, pool.map(_cell, order), strict=True)):
-            rows.append(row)
-            if cell.seed == seeds[0]:
-                offered[cell.workload][f"{cell.rate:g}"] = load
-            print(f"{_line(row)} [{n + 1}/{len(order)}, "
+        futures = {pool.submit(_cell, cell): cell for cell in order}
+        for n, future in enumerate(as_completed(futures)):
+            cell, (row, load) = futures[future], future.result()
+            entry = LoggedCell(
+                cell=dataclasses.asdict(cell), commit=commit, uncommitted_changes=dirty, row=row,
+                offered=load, elapsed_s=before_s + time.perf_counter() - started,
+            )  # fmt: skip
+            log.append(entry)
+            entries.append(entry)
+            print(f"{_line(row)} [{len(done) + n + 1}/{len(cells)}, "
                   f"{(time.perf_counter() - started) / 60:.0f} min]", flush=True)  # fmt: skip
+    rows = [e.row for e in entries]
+    offered: dict[str, dict[str, OfferedLoad]] = {w: {} for w in workloads}
+    for e in entries:
+        if e.row.seed == seeds[0]:
+            offered[e.row.workload][f"{e.row.rate:g}"] = e.offered
+    commits = list(dict.fromkeys([*(e.commit for e in resumed), commit]))
     shape = _engine_shape(args.model, args.hardware)
     scheduler = "AsyncScheduler" if shape.async_scheduling else "Scheduler"
     run = TargetsRun(
@@ -271,8 +309,8 @@ def main() -> int:
         engine=args.engine,
         scheduler=scheduler if args.engine == "vllm" else "the fast engine model (synchronous)",
         vllm_version=vllm,
-        commit=commit,
-        uncommitted_changes=dirty,
+        commit=", ".join(commits),
+        uncommitted_changes=any(e.uncommitted_changes for e in entries) or dirty,
         date=datetime.date.today().isoformat(),
         model=args.model,
         hardware=args.hardware,
@@ -284,7 +322,7 @@ def main() -> int:
         warmup_s=args.warmup,
         duration_s=args.duration,
         jobs=args.jobs,
-        wall_s=round(time.perf_counter() - started, 1),
+        wall_s=round(before_s + time.perf_counter() - started, 1),
         workloads=[
             WorkloadSweep(
                 workload=w,
@@ -300,6 +338,7 @@ def main() -> int:
         ],
     )
     _save(run, out, full)
+    log.remove()
     return 0
 
 

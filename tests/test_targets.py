@@ -4,6 +4,7 @@ attainment, contention), the targets checked on the median over seeds, the JSON 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -255,3 +256,50 @@ def test_a_pooled_run_is_the_full_sweep_only_with_every_cell(cell: tuple) -> Non
     )
     assert not is_full_sweep(short, ["synthetic"])
     assert not is_full_sweep(full.model_copy(update={"warmup_s": 0.0}), ["synthetic"])
+
+
+def test_a_sweep_cut_short_resumes_from_its_cell_log(tmp_path: Path) -> None:
+    from meridian.bench.targets_merge import CellLog, LoggedCell
+
+    script = str(REPO / "benchmarks" / "bench_targets.py")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    common = ["--engine", "model", "--workloads", "synthetic", "--loads", "0.5", "--duration",
+              "10", "--warmup", "2", "--policies", STOCK, "--jobs", "1"]  # fmt: skip
+
+    def sweep(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, script, *common, *args], capture_output=True, text=True, env=env
+        )
+
+    first = tmp_path / "seed0.json"
+    done = sweep("--seeds", "0", "--out", str(first))
+    assert done.returncode == 0, done.stderr
+    assert not CellLog(first).path.exists()  # removed once the results are written
+    seed0 = TargetsRun.model_validate_json(first.read_text(encoding="utf-8"))
+    row = seed0.sweep("synthetic").cells[0]
+    # A two-seed sweep killed after its seed-0 cell: that cell is in its log, from another commit.
+    out = tmp_path / "two.json"
+    cell = Cell("synthetic", "qwen3-8b", "h100-sxm", "model", row.rate, STOCK, 10.0, 0, 2.0,
+                seed0.sweep("synthetic").trace_rate)  # fmt: skip
+    log = CellLog(out)
+    offered = next(iter(seed0.sweep("synthetic").offered.values()))
+    entry = LoggedCell(
+        cell=dataclasses.asdict(cell), commit="old1234", uncommitted_changes=False, row=row,
+        offered=offered, elapsed_s=5.0,
+    )  # fmt: skip
+    log.append(entry)
+    with log.path.open("a", encoding="utf-8") as f:
+        f.write('{"cell": {"workload": "synth')  # a line the kill cut short
+    again = sweep("--seeds", "0,1", "--out", str(out))
+    assert again.returncode == 2 and "--resume to go on" in again.stderr
+    resumed = sweep("--seeds", "0,1", "--out", str(out), "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming: 1 of 2 cells done" in resumed.stdout
+    assert resumed.stdout.count("  start  ") == 1  # only seed 1 ran
+    run = TargetsRun.model_validate_json(out.read_text(encoding="utf-8"))
+    cells = run.sweep("synthetic").cells
+    assert [c.seed for c in cells] == [0, 1] and cells[0] == row
+    assert run.commit.startswith("old1234, ") and run.wall_s >= 5.0
+    assert not log.path.exists()
+    missing = sweep("--seeds", "0", "--out", str(tmp_path / "none.json"), "--resume")
+    assert missing.returncode == 2 and "--resume: no cell log" in missing.stderr

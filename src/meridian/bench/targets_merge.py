@@ -1,4 +1,5 @@
-"""Pool sweeps run apart (a workload or a seed at a time) into one :class:`TargetsRun`.
+"""Sweeps run apart: parts (a workload or a seed at a time) pooled into one :class:`TargetsRun`,
+and a sweep's cell log, from which a sweep cut short goes on.
 
 The full sweep takes hours on a 2-core machine; its cells are on virtual time, so a run of one
 seed or one workload measures exactly what the same cells of the full run would. Parts pool when
@@ -9,6 +10,10 @@ capacity and trace rate, and no cell (workload, rate, policy, seed) is in two pa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from meridian.bench.offered import OfferedLoad
 from meridian.bench.targets import (
@@ -18,12 +23,13 @@ from meridian.bench.targets import (
     POLICIES,
     SEEDS,
     WARMUP_S,
+    Cell,
     CellResult,
     TargetsRun,
     WorkloadSweep,
 )
 
-__all__ = ["MergeError", "is_full_sweep", "merge_runs"]
+__all__ = ["CellLog", "LoggedCell", "MergeError", "is_full_sweep", "merge_runs"]
 
 # What every part must share (a field of TargetsRun each).
 _SHARED = (
@@ -120,3 +126,47 @@ def is_full_sweep(run: TargetsRun, workloads: Sequence[str]) -> bool:
         if len(have) != len(want) or set(have) != want:
             return False
     return True
+
+
+class LoggedCell(BaseModel):
+    """One finished cell of a sweep in its cell log: the cell, the commit that ran it, its
+    figures and its offered load, and the sweep's wall time so far."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cell: dict[str, Any]
+    commit: str
+    uncommitted_changes: bool
+    row: CellResult
+    offered: OfferedLoad
+    elapsed_s: float
+
+    @property
+    def key(self) -> Cell:
+        return Cell(**self.cell)
+
+
+class CellLog:
+    """Each cell of a sweep, one JSON line as it finishes, beside the results file
+    (``OUT.cells.jsonl``): a sweep cut short goes on from it (``bench_targets.py --resume``)
+    instead of starting again. Removed once the results file is written."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out.with_name(out.name + ".cells.jsonl")
+
+    def read(self) -> list[LoggedCell]:
+        """The cells logged so far (a line cut short by a kill is skipped)."""
+        entries = []
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                entries.append(LoggedCell.model_validate_json(line))
+            except ValidationError:
+                continue
+        return entries
+
+    def append(self, entry: LoggedCell) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(entry.model_dump_json() + "\n")
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
