@@ -70,12 +70,12 @@ def test_the_core_reads_the_clock_once_a_step_and_stamps_tokens_with_the_plans_t
     for step in range(1, 30):
         before = clock.reads
         policy.plan(answers, step, num_free_blocks=100)
-        planned_at.append(policy.planner.plan_time)
+        planned_at.append(policy.step_clock.now())  # the step's time, no clock read
         policy.waiting_order(waiting)
         policy.on_step(len(answers), len(answers))
         policy.observe([r.request_id for r in answers], [[9]] * len(answers), step)
         assert clock.reads - before == 1, f"step {step} read the clock {clock.reads - before} times"
-        assert policy.tracker.times.at(step) == policy.planner.plan_time
+        assert policy.tracker.times.at(step) == planned_at[-1]
     # Answer gaps are plan to plan: every step's, 1 s (one read a step).
     assert listener.gaps and all(s == 1.0 and n == 3 for s, n in listener.gaps[1:])
 

@@ -88,7 +88,6 @@ class Planner:
         self.step_clock = step_clock
         self._last_answer_step = last_answer_step
         self._token_time = token_time
-        self.plan_time = 0.0  # when the last plan's step started
         # Plain paths (meridian.core.memo): every step's order computed in full, no plan kept.
         self.plain = plain_paths()
         # NOTE: the lazy and moot orders earn their place: every order in full took Meridian to
@@ -174,7 +173,7 @@ class Planner:
         # The step starts (the core's one clock read a step, for every reader of its time); the
         # last step's time (StepClock.took), for the output budget's fit and the answer pacer.
         step_clock = self.step_clock
-        now = self.plan_time = step_clock.start()
+        now = step_clock.start()
         took = step_clock.took
         if self.output_budget.planned(took):
             self._dirty = True
