@@ -68,11 +68,15 @@ from meridian.bench.targets import (
     WorkloadSweep,
 )
 from meridian.bench.targets_merge import (
+    PASCAL_FROM,
+    WORKLOADS,
     CellLog,
     LoggedCell,
     MergeError,
+    full_sweep,
     is_full_sweep,
     merge_runs,
+    sweep_keys,
 )
 from meridian.bench.targets_render import (
     count_misses,
@@ -87,7 +91,6 @@ from meridian.cli.common import hide_vllm_logs
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 DOCS = (REPO / "README.md", REPO / "docs" / "benchmarks.md")
-WORKLOADS = ("synthetic", "servegen-r1")
 PROGRESS_EVERY_S = 60.0
 
 
@@ -158,7 +161,9 @@ def main() -> int:
         help=f"seconds of arrivals at the start in no statistic ({WARMUP_S:g})",
     )  # fmt: skip
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--pascal-from", type=float, default=0.9, help="run Pascal from this load")
+    ap.add_argument(
+        "--pascal-from", type=float, default=PASCAL_FROM, help="run Pascal from this load"
+    )
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument(
         "--seeds", default=",".join(map(str, SEEDS)),
@@ -196,7 +201,7 @@ def main() -> int:
                 _write_docs(run)
         return 0
     if args.merge is not None:
-        return _merge(ap, args.merge, args.out, workloads)
+        return _merge(ap, args.merge, args.out)
     if args.rates and len(workloads) != 1:
         ap.error("--rates needs exactly one workload (--workloads NAME)")
     capacities: dict[str, float] = {}
@@ -217,6 +222,7 @@ def main() -> int:
         )
     cells = []
     trace_rates: dict[str, float] = {}
+    keys: dict[str, tuple[float, list[tuple[float, str, int]]]] = {}
     for workload, capacity in capacities.items():
         if args.rates:
             rates = [float(x) for x in args.rates.split(",")]
@@ -224,6 +230,7 @@ def main() -> int:
             rates = [round(float(x) * capacity, 4) for x in args.loads.split(",")]
         # Nested loads: each seed's trace is drawn at the highest rate, thinned to the others.
         trace_rates[workload] = max(rates)
+        keys[workload] = (capacity, sweep_keys(rates, capacity, policies, seeds, args.pascal_from))
         cells += [
             Cell(
                 workload,
@@ -237,17 +244,11 @@ def main() -> int:
                 args.warmup,
                 trace_rates[workload],
             )
-            for rate in rates
-            for policy in policies
-            for seed in seeds
-            if policy != POLICIES[2] or rate >= (args.pascal_from - 1e-9) * capacity
+            for rate, policy, seed in keys[workload][1]
         ]
-    full = (
-        not args.rates and not args.capacity and args.loads == ",".join(map(str, LOADS))
-        and args.policies == ",".join(POLICIES) and args.engine == "vllm"
-        and seeds == list(SEEDS) and args.duration == DURATION_S and args.warmup == WARMUP_S
-        and args.out is None
-    )  # fmt: skip
+    full = args.out is None and full_sweep(
+        args.engine, args.model, args.hardware, args.duration, args.warmup, keys
+    )
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or (
         results_path(args.hardware, args.model)
@@ -356,8 +357,7 @@ def _save(run: TargetsRun, path: Path, full: bool) -> None:
         _write_docs(run)
 
 
-def _merge(ap: argparse.ArgumentParser, paths: list[str], out: Path | None,
-           workloads: list[str]) -> int:  # fmt: skip
+def _merge(ap: argparse.ArgumentParser, paths: list[str], out: Path | None) -> int:
     """``--merge``: pool the runs in ``paths`` (see :mod:`meridian.bench.targets_merge`)."""
     parts = []
     for path in map(Path, paths):
@@ -369,7 +369,7 @@ def _merge(ap: argparse.ArgumentParser, paths: list[str], out: Path | None,
         run = merge_runs(parts, command)
     except MergeError as exc:
         ap.error(f"--merge: {exc}")
-    full = out is None and is_full_sweep(run, workloads)
+    full = out is None and is_full_sweep(run)
     if out is not None:
         path = out
     elif full:

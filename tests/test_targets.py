@@ -234,28 +234,37 @@ def test_merge_pools_runs_made_apart_and_refuses_what_does_not_pool(
 
 
 def test_a_pooled_run_is_the_full_sweep_only_with_every_cell(cell: tuple) -> None:
-    from meridian.bench.targets import LOADS, PASCAL, POLICIES, SEEDS
+    from meridian.bench.targets import CAPACITY, LOADS, PASCAL, POLICIES, SEEDS
     from meridian.bench.targets_merge import is_full_sweep
 
     b, offered = cell
-    rows = [
-        b.model_copy(update={"rate": round(load * 4.0, 4), "policy": policy, "seed": seed})
-        for load in LOADS
-        for policy in POLICIES
-        for seed in SEEDS
-        if policy != PASCAL or load >= 0.9
-    ]
-    full = _run(rows, offered).model_copy(
-        update={"engine": "vllm", "duration_s": 600.0, "warmup_s": 200.0}
+    sweeps = []
+    for workload in ("synthetic", "servegen-r1"):
+        capacity = CAPACITY[(workload, "qwen3-8b", "h100-sxm")]
+        rows = [
+            b.model_copy(update={
+                "workload": workload, "rate": round(load * capacity, 4), "policy": policy,
+                "seed": seed,
+            })
+            for load in LOADS
+            for policy in POLICIES
+            for seed in SEEDS
+            if policy != PASCAL or load >= 0.9
+        ]  # fmt: skip
+        sweeps.append(
+            WorkloadSweep(workload=workload, capacity_req_s=capacity, offered={}, cells=rows)
+        )
+    full = _run([b], offered).model_copy(
+        update={"engine": "vllm", "duration_s": 600.0, "warmup_s": 200.0, "workloads": sweeps}
     )
-    assert is_full_sweep(full, ["synthetic"])
-    assert not is_full_sweep(full, ["synthetic", "servegen-r1"])
-    sweep = full.sweep("synthetic")
-    short = full.model_copy(
-        update={"workloads": [sweep.model_copy(update={"cells": sweep.cells[1:]})]}
-    )
-    assert not is_full_sweep(short, ["synthetic"])
-    assert not is_full_sweep(full.model_copy(update={"warmup_s": 0.0}), ["synthetic"])
+    assert is_full_sweep(full)
+    # One workload alone would overwrite the committed file's other one: not the full sweep.
+    assert not is_full_sweep(full.model_copy(update={"workloads": sweeps[:1]}))
+    short = sweeps[0].model_copy(update={"cells": sweeps[0].cells[1:]})
+    assert not is_full_sweep(full.model_copy(update={"workloads": [short, sweeps[1]]}))
+    other = sweeps[0].model_copy(update={"capacity_req_s": 6.0})
+    assert not is_full_sweep(full.model_copy(update={"workloads": [other, sweeps[1]]}))
+    assert not is_full_sweep(full.model_copy(update={"warmup_s": 0.0}))
 
 
 def test_a_sweep_cut_short_resumes_from_its_cell_log(tmp_path: Path) -> None:

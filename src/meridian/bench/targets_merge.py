@@ -9,7 +9,7 @@ capacity and trace rate, and no cell (workload, rate, policy, seed) is in two pa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from meridian.bench.offered import OfferedLoad
 from meridian.bench.targets import (
+    CAPACITY,
     DURATION_S,
     LOADS,
     PASCAL,
@@ -29,7 +30,21 @@ from meridian.bench.targets import (
     WorkloadSweep,
 )
 
-__all__ = ["CellLog", "LoggedCell", "MergeError", "is_full_sweep", "merge_runs"]
+__all__ = [
+    "PASCAL_FROM",
+    "WORKLOADS",
+    "CellLog",
+    "LoggedCell",
+    "MergeError",
+    "full_sweep",
+    "is_full_sweep",
+    "merge_runs",
+    "sweep_keys",
+]
+
+# The headline sweep's workloads, and the load (of capacity) from which it runs Pascal.
+WORKLOADS = ("synthetic", "servegen-r1")
+PASCAL_FROM = 0.9
 
 # What every part must share (a field of TargetsRun each).
 _SHARED = (
@@ -105,27 +120,59 @@ def merge_runs(parts: Sequence[TargetsRun], command: str) -> TargetsRun:
     )
 
 
-def is_full_sweep(run: TargetsRun, workloads: Sequence[str]) -> bool:
-    """Whether ``run`` holds exactly the default sweep's cells over ``workloads``: every load of
-    :data:`LOADS` at the workload's capacity, every policy (Pascal from 90 % of capacity), every
-    seed of :data:`SEEDS`, the default arrival window and warm-up, vLLM's scheduler."""
-    if run.engine != "vllm" or (run.duration_s, run.warmup_s) != (DURATION_S, WARMUP_S):
+def sweep_keys(
+    rates: Sequence[float],
+    capacity: float,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    pascal_from: float = PASCAL_FROM,
+) -> list[tuple[float, str, int]]:
+    """The cells of a sweep over ``rates``, ``(rate, policy, seed)`` each: every policy and seed,
+    Pascal's only from ``pascal_from`` of ``capacity`` up."""
+    return [
+        (rate, policy, seed)
+        for rate in rates
+        for policy in policies
+        for seed in seeds
+        if policy != PASCAL or rate >= (pascal_from - 1e-9) * capacity
+    ]
+
+
+def full_sweep(
+    engine: str,
+    model: str,
+    hardware: str,
+    duration_s: float,
+    warmup_s: float,
+    cells: Mapping[str, tuple[float, Iterable[tuple[float, str, int]]]],
+) -> bool:
+    """Whether ``cells`` (by workload: its capacity and its ``(rate, policy, seed)`` cells) are
+    exactly the full sweep's, the one the committed results file holds: both workloads of
+    :data:`WORKLOADS` at their measured capacity, every load of :data:`LOADS`, every policy
+    (Pascal from 90 %), every seed of :data:`SEEDS`, the default window and warm-up, vLLM's
+    scheduler."""
+    if engine != "vllm" or (duration_s, warmup_s) != (DURATION_S, WARMUP_S):
         return False
-    if sorted(s.workload for s in run.workloads) != sorted(workloads):
+    if sorted(cells) != sorted(WORKLOADS):
         return False
-    for sweep in run.workloads:
-        rates = [round(load * sweep.capacity_req_s, 4) for load in LOADS]
-        want = {
-            (rate, policy, seed)
-            for rate in rates
-            for policy in POLICIES
-            for seed in SEEDS
-            if policy != PASCAL or rate >= (0.9 - 1e-9) * sweep.capacity_req_s
-        }
-        have = [(c.rate, c.policy, c.seed) for c in sweep.cells]
-        if len(have) != len(want) or set(have) != want:
+    for workload, (capacity, keys) in cells.items():
+        if capacity != CAPACITY.get((workload, model, hardware)):
+            return False
+        rates = [round(load * capacity, 4) for load in LOADS]
+        want = sweep_keys(rates, capacity, POLICIES, SEEDS)
+        have = list(keys)
+        if len(have) != len(want) or set(have) != set(want):
             return False
     return True
+
+
+def is_full_sweep(run: TargetsRun) -> bool:
+    """:func:`full_sweep` of a run's cells."""
+    return full_sweep(
+        run.engine, run.model, run.hardware, run.duration_s, run.warmup_s,
+        {s.workload: (s.capacity_req_s, [(c.rate, c.policy, c.seed) for c in s.cells])
+         for s in run.workloads},
+    )  # fmt: skip
 
 
 class LoggedCell(BaseModel):
