@@ -312,3 +312,20 @@ def test_a_sweep_cut_short_resumes_from_its_cell_log(tmp_path: Path) -> None:
     assert not log.path.exists()
     missing = sweep("--seeds", "0", "--out", str(tmp_path / "none.json"), "--resume")
     assert missing.returncode == 2 and "--resume: no cell log" in missing.stderr
+
+
+def test_render_prints_attainment_at_ten_times_with_the_stalled_out(cell: tuple) -> None:
+    from meridian.bench.targets_render import at_scale
+
+    b, offered = cell
+    assert b.attainment_scales and 10.0 in b.attainment_scales
+    i = b.attainment_scales.index(10.0)
+    assert b.attainment_hidden_pct is not None
+    mine = [b.model_copy(update={"policy": MERIDIAN, "seed": s, "slo_missed_stall": s})
+            for s in (0, 1, 2)]  # fmt: skip
+    line = at_scale(_run([*_seeds(b, STOCK), *mine], offered).sweep("synthetic"))
+    pct = b.attainment_hidden_pct[i]
+    assert line == (
+        f"- 100% (4 req/s): {MERIDIAN} {pct:.1f} % (1 stalled out), "
+        f"{STOCK} {pct:.1f} % ({b.slo_missed_stall:g} stalled out)"
+    )

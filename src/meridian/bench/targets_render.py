@@ -93,6 +93,27 @@ def _median(cells: Cells, field: str) -> float | None:
     return paired(field, cells, cells).mine
 
 
+def at_scale(sweep: WorkloadSweep, scale: float = 10.0) -> str:
+    """Per load and policy, the median over seeds of the SLO attainment at ``scale`` (reasoning
+    hidden) and of the requests a seed that miss it at every scale for an answer gap over the
+    250-ms stall bound: what the attainment curves show at their right end, as text."""
+    lines = []
+    for rate, load, ms, bs, ps in _rows(sweep):
+        parts = []
+        for name, cells in ((MERIDIAN, ms), (STOCK, bs), (PASCAL, ps)):
+            scales = cells[0].attainment_scales if cells else None
+            if not scales or scale not in scales:
+                continue
+            i = scales.index(scale)
+            pct = float(np.median([(c.attainment_hidden_pct or [0.0] * len(scales))[i]
+                                   for c in cells]))  # fmt: skip
+            stalls = float(np.median([c.slo_missed_stall for c in cells]))
+            parts.append(f"{name} {pct:.1f} % ({stalls:g} stalled out)")
+        if parts:
+            lines.append(f"- {load:.0%} ({rate:g} req/s): " + ", ".join(parts))
+    return "\n".join(lines)
+
+
 def _contention(ms: Cells, bs: Cells) -> str:
     if any(c.contended is None for c in [*ms, *bs]):
         return "-"
