@@ -122,3 +122,27 @@ def test_a_fault_while_tracking_such_a_request_fails_open(
     monkeypatch.setattr(sched.meridian_policy, "clock", broken)
     _by_hand(sched)
     assert sched.meridian_policy_errors >= 1 and sched.meridian_num_tracked == 0
+
+
+def test_a_request_whose_tracking_fails_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The requests added since the last step are tracked in one batch under one guard; when one
+    # fails, the error names it, and the others, before and after it, are tracked.
+    sched = scheduler(tmp_path)
+    track = sched.meridian_policy.track
+
+    def track_but_r2(request_id: str, *args: Any) -> None:
+        if request_id == "r2":
+            raise RuntimeError("broken request")
+        track(request_id, *args)
+
+    monkeypatch.setattr(sched.meridian_policy, "track", track_but_r2)
+    for i in range(5):
+        sched.add_request(request(f"r{i}"))
+    with caplog.at_level("ERROR", logger="meridian"):
+        sched.schedule()
+    assert sched.meridian_policy_errors == 1
+    assert "request=r2" in caplog.text
+    assert sched.meridian_num_tracked == 4
+    assert [sched.meridian_policy.phase(f"r{i}") for i in (0, 1, 3, 4)] == [Phase.THINK] * 4
