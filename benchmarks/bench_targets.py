@@ -75,6 +75,7 @@ from meridian.bench.targets_merge import (
     MergeError,
     full_sweep,
     is_full_sweep,
+    load_rates,
     merge_runs,
     sweep_keys,
 )
@@ -228,7 +229,7 @@ def main() -> int:
         if args.rates:
             rates = [float(x) for x in args.rates.split(",")]
         else:
-            rates = [round(float(x) * capacity, 4) for x in args.loads.split(",")]
+            rates = load_rates(map(float, args.loads.split(",")), capacity)
         # Nested loads: each seed's trace is drawn at the highest rate, thinned to the others.
         trace_rates[workload] = max(rates)
         keys[workload] = (capacity, sweep_keys(rates, capacity, policies, seeds, args.pascal_from))

@@ -38,6 +38,7 @@ __all__ = [
     "MergeError",
     "full_sweep",
     "is_full_sweep",
+    "load_rates",
     "merge_runs",
     "sweep_keys",
 ]
@@ -120,6 +121,11 @@ def merge_runs(parts: Sequence[TargetsRun], command: str) -> TargetsRun:
     )
 
 
+def load_rates(loads: Iterable[float], capacity: float) -> list[float]:
+    """The arrival rates (req/s) of ``loads`` (fractions of ``capacity``), as a sweep runs them."""
+    return [round(load * capacity, 4) for load in loads]
+
+
 def sweep_keys(
     rates: Sequence[float],
     capacity: float,
@@ -158,8 +164,7 @@ def full_sweep(
     for workload, (capacity, keys) in cells.items():
         if capacity != CAPACITY.get((workload, model, hardware)):
             return False
-        rates = [round(load * capacity, 4) for load in LOADS]
-        want = sweep_keys(rates, capacity, POLICIES, SEEDS)
+        want = sweep_keys(load_rates(LOADS, capacity), capacity, POLICIES, SEEDS)
         have = list(keys)
         if len(have) != len(want) or set(have) != set(want):
             return False
