@@ -96,10 +96,12 @@ ADVICE: dict[str, str] = {
         "are served. The default bounds a think request's wait to 8 steps."
     ),
     "scheduler.output_budget_rows": (
-        'Leave "auto": the scheduler fits decode step time against batch rows as it runs and '
-        "defers thinking requests only once steps exceed output_tpot_budget_ms. Pin a number "
-        "if the fit wanders on a noisy host (it never binds before 32 decode steps were seen); "
-        "0 turns deferral off. $MERIDIAN_OUTPUT_BUDGET_ROWS overrides it."
+        "Leave 0 (no deferral): on vLLM's scheduler deferring thinking rows cost TTFVT and "
+        "throughput at 90-100 % load and TTFT above capacity, for a lower answer ITL P99 "
+        '(benchmarks/results/output-budget-off.md). "auto" defers once measured decode steps '
+        "exceed output_tpot_budget_ms (it never binds before 32 decode steps were seen), for "
+        "deployments whose answer streams matter more than reasoning throughput; a number pins "
+        "the rows. $MERIDIAN_OUTPUT_BUDGET_ROWS overrides it."
     ),
     "scheduler.admission": (
         'Leave "headroom": until 32 requests have finished (it learns their lengths) it admits '

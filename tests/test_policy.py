@@ -774,7 +774,7 @@ def test_output_budget_setting() -> None:
     assert output_budget_setting(0) is None  # 0: the whole batch, no deferral
     assert output_budget_setting(48) == 48
     assert output_budget_setting("auto") == "auto"
-    assert SchedulerConfig().output_budget_rows == "auto"
+    assert SchedulerConfig().output_budget_rows == 0  # no deferral unless asked for
 
 
 def test_config_defaults_are_usable() -> None:

@@ -726,7 +726,7 @@ def test_output_budget_rows_come_from_config_and_the_environment_overrides(
     assert _output_budget(0) is None  # 0: the whole batch, no deferral
     assert _output_budget(48) == 48
     assert _output_budget("auto") == "auto"
-    assert SchedulerConfig().output_budget_rows == "auto"
+    assert SchedulerConfig().output_budget_rows == 0  # no deferral unless asked for
     monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "16")
     assert _output_budget(48) == 16
     monkeypatch.setenv(ENV_OUTPUT_BUDGET_ROWS, "0")

@@ -418,12 +418,12 @@ def test_an_output_budget_defers_thinking_requests(
 def test_a_measured_budget_no_step_can_meet_defers_nothing(
     engine: Any, chat_prompt: Prompt, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """output_budget_rows = "auto" (the default) with an output TPOT budget below one row's step
-    time: no batch size can meet it, so the measured budget stays "no cap" and nothing is
-    deferred (deferring would slow reasoning without helping any answer stream)."""
+    """output_budget_rows = "auto" with an output TPOT budget below one row's step time: no
+    batch size can meet it, so the measured budget stays "no cap" and nothing is deferred
+    (deferring would slow reasoning without helping any answer stream)."""
     start = time.perf_counter()
     config = tmp_path / "meridian.toml"
-    config.write_text("[scheduler]\noutput_tpot_budget_ms = 0.001\n")
+    config.write_text('[scheduler]\noutput_budget_rows = "auto"\noutput_tpot_budget_ms = 0.001\n')
     monkeypatch.setenv("MERIDIAN_CONFIG", str(config))
     prompts = [chat_prompt(i) for i in range(8)]
     with engine(meridian=True) as llm:

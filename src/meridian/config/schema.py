@@ -161,11 +161,12 @@ class SchedulerConfig(_Section):
         8, "A think request deferred this many consecutive steps is served.", _U32P
     )
     output_budget_rows: BudgetRows = _field(
-        "auto",
+        0,
         "Rows per step that keep answer streams within output_tpot_budget_ms; think rows fill "
-        'up to think_batch_multiplier x this. "auto": derived from the decode step times the '
-        "vLLM scheduler measures (no deferral until a step is over budget); 0: the whole batch "
-        "(no deferral). The simulator derives it from its step-time model.",
+        'up to think_batch_multiplier x this. 0: the whole batch (no deferral; the default: '
+        "deferring cost up to 3 % TTFVT and throughput at 90-100 % load and TTFT above "
+        'capacity, benchmarks/results/output-budget-off.md); "auto": derived from the decode '
+        "step times the engine measures (no deferral until a step is over budget).",
         '"auto" or [0, inf)',
     )
     admission: Literal["headroom", "vllm"] = _field(
