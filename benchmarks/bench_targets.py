@@ -18,6 +18,9 @@ Run (vLLM's own scheduler, needs the vLLM environment: `make vllm-venv`):
     .venv-vllm/bin/python benchmarks/bench_targets.py --workloads synthetic --seeds 0 \
         --out synthetic-seed0.json                               # the sweep a part at a time,
     .venv-vllm/bin/python benchmarks/bench_targets.py --merge *-seed*.json   # then pooled
+    .venv-vllm/bin/python benchmarks/bench_targets.py --merge \
+        benchmarks/results/targets-h100-sxm-qwen3-8b.json meridian-rerun.json --replace
+                                       # a policy rerun (--policies meridian) replaces its cells
 
 Each finished cell is logged beside the results file (``OUT.cells.jsonl``); a sweep cut short
 goes on from it with the same arguments (the same ``--out``) and ``--resume``.
@@ -183,6 +186,11 @@ def main() -> int:
         "full sweep's cells go to the committed results file and the docs, others to --out",
     )  # fmt: skip
     ap.add_argument(
+        "--replace", action="store_true",
+        help="with --merge: a later part's cell replaces the same cell of an earlier part (a "
+        "policy rerun after a change that touches only it)",
+    )  # fmt: skip
+    ap.add_argument(
         "--resume", action="store_true",
         help="go on from the cells a run cut short logged beside its --out (OUT.cells.jsonl)",
     )  # fmt: skip
@@ -202,8 +210,10 @@ def main() -> int:
             if path.resolve().parent == RESULTS.resolve():
                 _write_docs(run)
         return 0
+    if args.replace and args.merge is None:
+        ap.error("--replace goes with --merge")
     if args.merge is not None:
-        return _merge(ap, args.merge, args.out)
+        return _merge(ap, args.merge, args.out, replace=args.replace)
     if args.rates and len(workloads) != 1:
         ap.error("--rates needs exactly one workload (--workloads NAME)")
     capacities: dict[str, float] = {}
@@ -359,7 +369,9 @@ def _save(run: TargetsRun, path: Path, full: bool) -> None:
         _write_docs(run)
 
 
-def _merge(ap: argparse.ArgumentParser, paths: list[str], out: Path | None) -> int:
+def _merge(
+    ap: argparse.ArgumentParser, paths: list[str], out: Path | None, *, replace: bool
+) -> int:
     """``--merge``: pool the runs in ``paths`` (see :mod:`meridian.bench.targets_merge`)."""
     parts = []
     for path in map(Path, paths):
@@ -368,7 +380,7 @@ def _merge(ap: argparse.ArgumentParser, paths: list[str], out: Path | None) -> i
         parts.append(TargetsRun.model_validate_json(path.read_text(encoding="utf-8")))
     command = shlex.join(["benchmarks/bench_targets.py", *sys.argv[1:]])
     try:
-        run = merge_runs(parts, command)
+        run = merge_runs(parts, command, replace=replace)
     except MergeError as exc:
         ap.error(f"--merge: {exc}")
     full = out is None and is_full_sweep(run)

@@ -231,6 +231,17 @@ def test_merge_pools_runs_made_apart_and_refuses_what_does_not_pool(
     longer = merge(*paths)
     assert longer.returncode == 2 and "differs in duration_s: 20.0 vs 10.0" in longer.stderr
     assert "Traceback" not in twice.stderr + longer.stderr
+    # A policy rerun replaces that policy's cells of an earlier part, and only those.
+    rerun = _run([b.model_copy(update={"policy": MERIDIAN, "seed": 0, "ttft_p95_s": 9.5})], offered)
+    again = tmp_path / "rerun.json"
+    again.write_text(rerun.model_copy(update={"commit": "ccc3333"}).model_dump_json(), "utf-8")
+    replaced = merge(str(out), str(again), "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    cells = TargetsRun.model_validate_json(out.read_text(encoding="utf-8")).sweep("synthetic").cells
+    assert [(c.policy, c.seed, c.ttft_p95_s == 9.5) for c in cells] == [
+        (MERIDIAN, 0, True), (MERIDIAN, 1, False), (STOCK, 0, False), (STOCK, 1, False),
+    ]  # fmt: skip
+    assert merge(str(again), str(again)).returncode == 2  # without --replace: refused
 
 
 def test_a_pooled_run_is_the_full_sweep_only_with_every_cell(cell: tuple) -> None:

@@ -4,7 +4,9 @@ and a sweep's cell log, from which a sweep cut short goes on.
 The full sweep takes hours on a 2-core machine; its cells are on virtual time, so a run of one
 seed or one workload measures exactly what the same cells of the full run would. Parts pool when
 they ran the same engine, model, hardware, arrival window and warm-up, each workload at the same
-capacity and trace rate, and no cell (workload, rate, policy, seed) is in two parts.
+capacity and trace rate, and no cell (workload, rate, policy, seed) is in two parts, unless
+asked to let a later part's cell replace an earlier one's (a policy rerun after a change that
+touches nothing else: the other policies' cells stay those measured before).
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ class MergeError(ValueError):
     """Parts that cannot pool; the message is one line naming the difference."""
 
 
-def merge_runs(parts: Sequence[TargetsRun], command: str) -> TargetsRun:
+def merge_runs(parts: Sequence[TargetsRun], command: str, *, replace: bool = False) -> TargetsRun:
     """One run holding every cell of ``parts`` (``command``: how they were pooled, recorded
-    beside each part's own command). Raises :class:`MergeError`."""
+    beside each part's own command); with ``replace`` a cell of a later part replaces the same
+    cell of an earlier one. Raises :class:`MergeError`."""
     if not parts:
         raise MergeError("nothing to merge")
     first = parts[0]
@@ -70,7 +73,7 @@ def merge_runs(parts: Sequence[TargetsRun], command: str) -> TargetsRun:
             if mine != theirs:
                 raise MergeError(f"part {n} differs in {name}: {mine!r} vs {theirs!r}")
     shapes: dict[str, WorkloadSweep] = {}  # each workload's first sweep: capacity, trace rate
-    cells: dict[str, list[CellResult]] = {}
+    cells: dict[str, dict[tuple[str, float, str, int], CellResult]] = {}
     offered: dict[str, tuple[int, dict[str, OfferedLoad]]] = {}  # the lowest seed's, as one run
     seen: dict[tuple[str, float, str, int], int] = {}
     for n, part in enumerate(parts, start=1):
@@ -84,20 +87,20 @@ def merge_runs(parts: Sequence[TargetsRun], command: str) -> TargetsRun:
                 )
             for cell in sweep.cells:
                 key = (cell.workload, cell.rate, cell.policy, cell.seed)
-                if key in seen:
+                if key in seen and not (replace and seen[key] < n):
                     raise MergeError(
                         f"part {n} repeats {cell.workload} {cell.rate:g} req/s {cell.policy} seed "
                         f"{cell.seed} (also in part {seen[key]})"
                     )
                 seen[key] = n
-            cells.setdefault(sweep.workload, []).extend(sweep.cells)
+                cells.setdefault(sweep.workload, {})[key] = cell
             low = min((c.seed for c in sweep.cells), default=0)
             if sweep.workload not in offered or low < offered[sweep.workload][0]:
                 offered[sweep.workload] = (low, sweep.offered)
     sweeps = {
         name: shape.model_copy(
             update={
-                "cells": sorted(cells[name], key=lambda c: (c.rate, c.policy, c.seed)),
+                "cells": sorted(cells[name].values(), key=lambda c: (c.rate, c.policy, c.seed)),
                 "offered": offered[name][1],
             }
         )

@@ -163,7 +163,7 @@ class SchedulerConfig(_Section):
     output_budget_rows: BudgetRows = _field(
         0,
         "Rows per step that keep answer streams within output_tpot_budget_ms; think rows fill "
-        'up to think_batch_multiplier x this. 0: the whole batch (no deferral; the default: '
+        "up to think_batch_multiplier x this. 0: the whole batch (no deferral; the default: "
         "deferring cost up to 3 % TTFVT and throughput at 90-100 % load and TTFT above "
         'capacity, benchmarks/results/output-budget-off.md); "auto": derived from the decode '
         "step times the engine measures (no deferral until a step is over budget).",
