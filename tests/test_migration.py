@@ -61,6 +61,8 @@ def test_a_replaced_request_recomputes_its_tokens_before_it_decodes(policy: str)
     target.adopt(moved, now)
     # The target's first step prefills every token so far; no token comes out before it ends.
     target.advance(now)
+    if policy == "meridian":  # tracked as vLLM would hand it over: the whole prompt
+        assert target.policy.core.tracker.states["q"].num_prompt_tokens == PROMPT  # type: ignore[attr-defined]
     assert target.running == [moved] and target.counters.num_scheduled_tokens == PROMPT + generated
     assert moved.num_output_tokens == generated
     run_until(target, lambda: False)

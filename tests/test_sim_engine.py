@@ -363,3 +363,16 @@ def test_random_workloads_keep_the_policy_and_pool_consistent(
             assert core.stats.num_preemptions[phase] == result.counters.preemptions_by_phase.get(
                 phase, 0
             )
+
+
+def test_the_policy_sees_each_prompt_whole_as_vllm_hands_it_over() -> None:
+    # Admission learns a finished request's size (prompt and output) and projects a running
+    # one's progress from its prompt length: the fast engine must hand the policy the whole
+    # prompt, as vLLM's scheduler does (a prompt's tail alone made every prompt one token).
+    specs = make_specs(60, seed=3)
+    engine, result = run("meridian-sched", specs)
+    streams = {s.request_id: s for s in streams_for(parse_policy("meridian-sched"), specs)}
+    sizes = [r.num_prompt_tokens + streams[r.request_id].num_output_tokens for r in result.records]
+    lengths = engine.policy.core.admission.lengths  # type: ignore[attr-defined]
+    assert min(r.num_prompt_tokens for r in result.records) > 1
+    assert lengths.mean_request_tokens == pytest.approx(sum(sizes) / len(sizes))

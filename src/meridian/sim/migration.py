@@ -211,6 +211,6 @@ def _track(engine: Engine, req: SimRequest) -> None:
     core = getattr(engine.policy, "core", None)
     if isinstance(core, TrackingPolicy):
         generated = [req.stream.token_at(i) for i in range(req.num_output_tokens)]
-        core.track(req.request_id, req.stream.prompt_tail(), generated)
+        core.track(req.request_id, req.stream.prompt_token_ids(0), generated)
     else:
         engine.policy.on_arrival(req)

@@ -184,7 +184,9 @@ class _CorePolicy(SimPolicy):
         )
 
     def on_arrival(self, req: SimRequest) -> None:
-        self.core.track(req.request_id, req.stream.prompt_tail())
+        # The whole prompt, as vLLM's scheduler hands it over: its length is the request's
+        # prompt KV to the policy (admission's sizes and progress), its tail the initial phase.
+        self.core.track(req.request_id, req.stream.prompt_token_ids(0))
 
     def plan(self, running: list[SimRequest], step: int, num_free_blocks: int) -> Plan[SimRequest]:
         return self.core.plan(running, step, num_free_blocks)
