@@ -334,10 +334,14 @@ class RoutingConfig:
 
 @dataclass(slots=True)
 class _Placed:
-    """A request this router placed, until it completes."""
+    """A request this router placed, until it completes; with its expected KV blocks on the
+    last projection it was weighed against (the stats' projection, until they refresh)."""
 
     request: NewRequest
     routed_at: float
+    projection: Projection | None = None
+    blocks: FloatArray | None = None
+    peak: float = 0.0
 
 
 @dataclass(slots=True)
@@ -347,6 +351,7 @@ class _Unseen:
 
     stats: ReplicaStats
     version: int
+    placed: list[_Placed]
     requests: list[NewRequest]
     blocks: list[FloatArray] | None = None
     # The sum of each request's largest expected blocks: at least their summed peak.
@@ -394,16 +399,28 @@ class _Replica:
         """:func:`_unseen` of ``stats``, computed once per stats and in-flight version."""
         cached = self.unseen_cache
         if cached is None or cached.stats is not stats or cached.version != self.version:
-            cached = self.unseen_cache = _Unseen(stats, self.version, _unseen(self, stats))
+            placed = _unseen(self, stats)
+            requests = [p.request for p in placed]
+            cached = self.unseen_cache = _Unseen(stats, self.version, placed, requests)
         return cached
 
     def unseen_blocks(self, stats: ReplicaStats, projection: Projection) -> _Unseen:
         """:meth:`unseen` with each request's expected blocks on ``projection`` (``stats``')."""
         cached = self.unseen(stats)
         if cached.blocks is None:
-            blocks = [projection.request_blocks(r, stats.block_size) for r in cached.requests]
+            # NOTE: each request's blocks once per projection, not once per in-flight change: a
+            # replica's unseen requests change with every request placed on it or completed.
+            blocks: list[FloatArray] = []
+            bound = 0.0
+            for placed in cached.placed:
+                if placed.projection is not projection or placed.blocks is None:
+                    placed.blocks = projection.request_blocks(placed.request, stats.block_size)
+                    placed.peak = float(np.max(placed.blocks))
+                    placed.projection = projection
+                blocks.append(placed.blocks)
+                bound += placed.peak
             cached.blocks = blocks
-            cached.peak_bound = sum(float(np.max(b)) for b in blocks)
+            cached.peak_bound = bound
         return cached
 
     def load_bounds(
@@ -420,7 +437,7 @@ class _Replica:
         return self.bounds
 
 
-def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
+def _unseen(replica: _Replica, stats: ReplicaStats) -> list[_Placed]:
     """The requests this router placed on ``replica`` that its ``stats`` do not count: those
     sent since the stats were measured, or, if more, those beyond the requests the stats count
     (running or waiting), the latest placed first. The second covers requests still on their way
@@ -441,7 +458,8 @@ def _unseen(replica: _Replica, stats: ReplicaStats) -> list[NewRequest]:
     if count <= 0:
         return []
     latest = list(itertools.islice(reversed(in_flight.values()), count))
-    return [p.request for p in reversed(latest)]  # in the order they were placed
+    latest.reverse()  # in the order they were placed
+    return latest
 
 
 def _prompt_blocks(request: NewRequest, block_size: int) -> int:
