@@ -5,6 +5,8 @@ hold a request exactly where the replica's own admission would."""
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any
 
 import numpy as np
@@ -544,8 +546,9 @@ def reference_rank(
         unseen = [r for r, _ in in_flight[len(in_flight) - count :]] if count > 0 else []
         steps = max(0.0, now - view.time_s) / view.step_time_s
         load = proj.aged(steps)
-        for r in unseen:
-            load = load + proj.request_blocks(r, view.block_size)
+        if unseen:  # the uncounted requests' blocks summed, then added to the aged load
+            blocks = [proj.request_blocks(r, view.block_size) for r in unseen]
+            load = load + functools.reduce(operator.add, blocks)
         peak = float(np.max(load + proj.request_blocks(request, view.block_size)))
         budget = max(proj.budget, 1.0)
         idle = view.num_running == 0 and view.num_waiting == 0 and not unseen

@@ -58,8 +58,10 @@ policy that reads them change together; apart, every new field would touch two m
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -354,7 +356,9 @@ class _Unseen:
     placed: list[_Placed]
     requests: list[NewRequest]
     blocks: list[FloatArray] | None = None
-    # The sum of each request's largest expected blocks: at least their summed peak.
+    # Their expected blocks summed (None: no request), and the sum of each one's largest: at
+    # least their summed peak.
+    total: FloatArray | None = None
     peak_bound: float = 0.0
 
 
@@ -420,6 +424,7 @@ class _Replica:
                 blocks.append(placed.blocks)
                 bound += placed.peak
             cached.blocks = blocks
+            cached.total = functools.reduce(operator.add, blocks) if blocks else None
             cached.peak_bound = bound
         return cached
 
@@ -470,17 +475,18 @@ def _prompt_blocks(request: NewRequest, block_size: int) -> int:
 def _peak(
     stats: ReplicaStats,
     projection: Projection,
-    unseen: list[FloatArray],
+    unseen: FloatArray | None,
     request: NewRequest,
     now: float,
 ) -> float:
     """The projected KV peak of the replica ``stats`` describe with the ``unseen`` requests'
-    expected blocks and ``request`` added, its load aged by the steps run since ``stats``."""
+    expected blocks (summed) and ``request`` added, its load aged by the steps run since
+    ``stats``."""
     elapsed = max(0.0, now - stats.time_s)
     steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
     load = projection.aged(steps)
-    for blocks in unseen:
-        load = load + blocks
+    if unseen is not None:
+        load = load + unseen
     need = projection.request_blocks(request, stats.block_size)
     return float(np.max(load + need))
 
@@ -669,7 +675,7 @@ class RoutingPolicy:
         need_max = ((request.num_prompt_tokens + generated) / stats.block_size + 0.5) * surv
         if load_max + unseen.peak_bound + need_max <= budget * (1.0 - 1e-9):
             return fits
-        peak = _peak(stats, projection, unseen.blocks, request, now)
+        peak = _peak(stats, projection, unseen.total, request, now)
         if peak > budget:
             return _FULL, (peak - budget) / budget, False
         return fits
@@ -693,7 +699,7 @@ class RoutingPolicy:
         unseen = self._replicas[replica].unseen_blocks(stats, stats.projection)
         assert unseen.blocks is not None
         budget = max(stats.projection.budget, 1.0)
-        return (budget - _peak(stats, stats.projection, unseen.blocks, request, now)) / budget
+        return (budget - _peak(stats, stats.projection, unseen.total, request, now)) / budget
 
     def free_share(self, replica: str, request: NewRequest, now: float) -> float | None:
         """The share of ``replica``'s KV blocks free once the prompts of the requests sent since
