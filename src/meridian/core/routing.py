@@ -58,10 +58,8 @@ policy that reads them change together; apart, every new field would touch two m
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -355,9 +353,9 @@ class _Unseen:
     version: int
     placed: list[_Placed]
     requests: list[NewRequest]
-    blocks: list[FloatArray] | None = None
-    # Their expected blocks summed (None: no request), and the sum of each one's largest: at
-    # least their summed peak.
+    # Set by _Replica.unseen_blocks: their expected blocks summed (None: no request), and the
+    # sum of each one's largest, at least their summed peak.
+    weighed: bool = False
     total: FloatArray | None = None
     peak_bound: float = 0.0
 
@@ -411,20 +409,20 @@ class _Replica:
     def unseen_blocks(self, stats: ReplicaStats, projection: Projection) -> _Unseen:
         """:meth:`unseen` with each request's expected blocks on ``projection`` (``stats``')."""
         cached = self.unseen(stats)
-        if cached.blocks is None:
+        if not cached.weighed:
             # NOTE: each request's blocks once per projection, not once per in-flight change: a
             # replica's unseen requests change with every request placed on it or completed.
-            blocks: list[FloatArray] = []
+            total: FloatArray | None = None
             bound = 0.0
             for placed in cached.placed:
                 if placed.projection is not projection or placed.blocks is None:
                     placed.blocks = projection.request_blocks(placed.request, stats.block_size)
                     placed.peak = float(np.max(placed.blocks))
                     placed.projection = projection
-                blocks.append(placed.blocks)
+                total = placed.blocks if total is None else total + placed.blocks
                 bound += placed.peak
-            cached.blocks = blocks
-            cached.total = functools.reduce(operator.add, blocks) if blocks else None
+            cached.weighed = True
+            cached.total = total
             cached.peak_bound = bound
         return cached
 
@@ -658,7 +656,6 @@ class RoutingPolicy:
             return _OPEN, float(len(replica.in_flight)), None
         projection = stats.projection
         unseen = replica.unseen_blocks(stats, projection)
-        assert unseen.blocks is not None
         budget = max(projection.budget, 1.0)
         fits = _OPEN, float(len(replica.in_flight)), True
         if stats.num_running == 0 and stats.num_waiting == 0 and not unseen.requests:
@@ -697,7 +694,6 @@ class RoutingPolicy:
         if stats is None or stats.projection is None:
             return None
         unseen = self._replicas[replica].unseen_blocks(stats, stats.projection)
-        assert unseen.blocks is not None
         budget = max(stats.projection.budget, 1.0)
         return (budget - _peak(stats, stats.projection, unseen.total, request, now)) / budget
 
