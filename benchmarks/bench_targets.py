@@ -279,6 +279,7 @@ def main() -> int:
         f"warm-up; seeds {args.seeds}; loads nested), {args.jobs} at a time; results to {out}",
         flush=True,
     )
+    out.parent.mkdir(parents=True, exist_ok=True)  # before the first cell, not after it
     log = CellLog(out)
     resumed: list[LoggedCell] = []
     if log.path.exists():
@@ -299,16 +300,22 @@ def main() -> int:
     entries = list(resumed)
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = {pool.submit(_cell, cell): cell for cell in order}
-        for n, future in enumerate(as_completed(futures)):
-            cell, (row, load) = futures[future], future.result()
-            entry = LoggedCell(
-                cell=dataclasses.asdict(cell), commit=commit, uncommitted_changes=dirty, row=row,
-                offered=load, elapsed_s=before_s + time.perf_counter() - started,
-            )  # fmt: skip
-            log.append(entry)
-            entries.append(entry)
-            print(f"{_line(row)} [{len(done) + n + 1}/{len(cells)}, "
-                  f"{(time.perf_counter() - started) / 60:.0f} min]", flush=True)  # fmt: skip
+        try:
+            for n, future in enumerate(as_completed(futures)):
+                cell, (row, load) = futures[future], future.result()
+                entry = LoggedCell(
+                    cell=dataclasses.asdict(cell), commit=commit, uncommitted_changes=dirty,
+                    row=row, offered=load, elapsed_s=before_s + time.perf_counter() - started,
+                )  # fmt: skip
+                log.append(entry)
+                entries.append(entry)
+                print(f"{_line(row)} [{len(done) + n + 1}/{len(cells)}, "
+                      f"{(time.perf_counter() - started) / 60:.0f} min]", flush=True)  # fmt: skip
+        except BaseException:
+            # NOTE: the cells not started yet are dropped: leaving the block would run them all
+            # before the error shows. Those logged so far stay for --resume.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
     rows = [e.row for e in entries]
     offered: dict[str, dict[str, OfferedLoad]] = {w: {} for w in workloads}
     for e in entries:

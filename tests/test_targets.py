@@ -291,7 +291,7 @@ def test_a_sweep_cut_short_resumes_from_its_cell_log(tmp_path: Path) -> None:
             [sys.executable, script, *common, *args], capture_output=True, text=True, env=env
         )
 
-    first = tmp_path / "seed0.json"
+    first = tmp_path / "new" / "seed0.json"  # into a folder that does not exist yet
     done = sweep("--seeds", "0", "--out", str(first))
     assert done.returncode == 0, done.stderr
     assert not CellLog(first).path.exists()  # removed once the results are written
