@@ -114,7 +114,8 @@ ADVICE: dict[str, str] = {
     "scheduler.admission_reserve": (
         "Raise it if headroom admission still lets preemptions through under overload "
         "(meridian_preemptions_total keeps rising); lower it if the queue waits while the "
-        "cache has room. 0.02 measured best on vLLM's scheduler with the output budget off (docs/adr/0020); 0.05 before it (docs/adr/0013)."
+        "cache has room. 0.02 measured best on vLLM's scheduler with the output budget off "
+        "(docs/adr/0020); 0.05 before it (docs/adr/0013)."
     ),
     "scheduler.admission_order": (
         'Leave "chat-first": under headroom admission a reasoning request at the head of the '
