@@ -505,7 +505,7 @@ def test_a_failed_replica_gets_nothing_until_it_answers_again(
     for name in down:
         policy.answered(name, at=10.5)
     assert policy.rank(names, request, now=11.0, waited_s=1e9) == sorted(
-        names, key=lambda n: (policy._key(n, request, 11.0), n)
+        names, key=lambda n: (policy._key(n, request, request.reasoning, 11.0), n)
     )
 
 

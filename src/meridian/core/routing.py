@@ -378,9 +378,9 @@ class _Replica:
     version: int = 0
     in_order: bool = True
     unseen_cache: _Unseen | None = None
-    # The stats whose bounds (largest load, largest survivals) ``bounds`` holds.
+    # The stats whose bounds (largest load, largest survivals, the grid's end) ``bounds`` holds.
     bounds_of: ReplicaStats | None = None
-    bounds: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    bounds: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
     def place(self, request_id: str, placed: _Placed) -> None:
         """Record ``request_id`` in flight here (again: its send time changes in place)."""
@@ -430,14 +430,16 @@ class _Replica:
 
     def load_bounds(
         self, stats: ReplicaStats, projection: Projection
-    ) -> tuple[float, float, float]:
-        """The largest projected load and survivals (reasoning, chat) of ``stats``."""
+    ) -> tuple[float, float, float, float]:
+        """The largest projected load and survivals (reasoning, chat) of ``stats``, and the last
+        step of its grid."""
         if self.bounds_of is not stats:
             self.bounds_of = stats
             self.bounds = (
                 float(projection.load.max()),
                 float(projection.survival_reasoning.max()),
                 float(projection.survival_chat.max()),
+                float(projection.grid[-1]),
             )
         return self.bounds
 
@@ -595,13 +597,15 @@ class RoutingPolicy:
         candidate; when all are, ``request`` is held as when none fits. Otherwise a permutation
         of ``candidates`` (duplicates are ranked once)."""
         names = set(candidates)
-        working = {name for name in names if not self.is_failed(name)}
+        replicas = self._replicas
+        working = {n for n in names if (r := replicas.get(n)) is None or r.failed_at is None}
         may_hold = waited_s < self.config.max_hold_s
         if working:
             names = working
         elif may_hold:
             return []
-        keyed = sorted((self._key(name, request, now), name) for name in names)
+        reasoning = request.reasoning
+        keyed = sorted((self._key(name, request, reasoning, now), name) for name in names)
         if keyed and may_hold and self._holds(keyed, request, now):
             return []
         return [name for _, name in keyed]
@@ -637,18 +641,23 @@ class RoutingPolicy:
 
     def headroom(self, replica: str, request: NewRequest, now: float) -> bool | None:
         """Whether ``replica`` fits ``request`` now; ``None`` where its stats cannot say."""
-        return self._assess(replica, request, now)[2]
+        found = self._replicas.get(replica) or _Replica()
+        return self._assess(found, request, request.reasoning, now)[2]
 
-    def _key(self, name: str, request: NewRequest, now: float) -> tuple[int, float, int]:
-        tier, cost, _ = self._assess(name, request, now)
-        return tier, cost, (self._replicas.get(name) or _Replica()).num_routed
-
-    def _assess(self, name: str, request: NewRequest, now: float) -> tuple[int, float, bool | None]:
-        """(tier, cost, headroom) of ``name`` for ``request``: lower tiers and costs are better;
-        the cost is how far the request would overflow the replica's budget (a fraction of it)
-        where it does not fit, else this router's requests in flight on it (module
-        docstring)."""
+    def _key(
+        self, name: str, request: NewRequest, reasoning: bool, now: float
+    ) -> tuple[int, float, int]:
         replica = self._replicas.get(name) or _Replica()
+        tier, cost, _ = self._assess(replica, request, reasoning, now)
+        return tier, cost, replica.num_routed
+
+    def _assess(
+        self, replica: _Replica, request: NewRequest, reasoning: bool, now: float
+    ) -> tuple[int, float, bool | None]:
+        """(tier, cost, headroom) of ``replica`` for ``request`` (of that kind): lower tiers and
+        costs are better; the cost is how far the request would overflow the replica's budget (a
+        fraction of it) where it does not fit, else this router's requests in flight on it
+        (module docstring)."""
         stats = replica.stats
         if (
             stats is None
@@ -667,10 +676,9 @@ class RoutingPolicy:
         # holds more than its prompt and bound times its kind's largest survival: when those
         # together stay within the budget, so does the peak computed below (a margin for
         # rounding). At 16 replicas most decisions end here (issue 45: the cost per decision).
-        load_max, surv_reasoning, surv_chat = replica.load_bounds(stats, projection)
-        last = float(projection.grid[-1])
+        load_max, surv_reasoning, surv_chat, last = replica.load_bounds(stats, projection)
         generated = last if request.max_tokens is None else min(last, float(request.max_tokens))
-        surv = surv_reasoning if request.reasoning else surv_chat
+        surv = surv_reasoning if reasoning else surv_chat
         need_max = ((request.num_prompt_tokens + generated) / stats.block_size + 0.5) * surv
         if load_max + unseen.peak_bound + need_max <= budget * (1.0 - 1e-9):
             return fits
