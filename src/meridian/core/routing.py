@@ -597,8 +597,7 @@ class RoutingPolicy:
         candidate; when all are, ``request`` is held as when none fits. Otherwise a permutation
         of ``candidates`` (duplicates are ranked once)."""
         names = set(candidates)
-        replicas = self._replicas
-        working = {n for n in names if (r := replicas.get(n)) is None or r.failed_at is None}
+        working = {name for name in names if not self.is_failed(name)}
         may_hold = waited_s < self.config.max_hold_s
         if working:
             names = working
