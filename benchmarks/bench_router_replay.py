@@ -4,7 +4,8 @@
 router and scheduler, ``--duration-s`` of arrivals) and pickles every call the run made of
 :class:`~meridian.core.routing.RoutingPolicy` (``observe``, ``routed``, ``completed``, ``rank``).
 ``replay`` makes those calls again on a fresh policy of whatever ``meridian`` is importable,
-times each ``rank`` with ``perf_counter_ns`` and prints the median and P99 per repetition; with
+times each ``rank`` (``--clock wall``: ``perf_counter_ns``; ``cpu``: the thread's CPU time, steadier
+on a busy machine) and prints the median and P99 per repetition; with
 ``--choices`` it saves each decision's first-ranked replica, and ``--compare`` tells how many
 match another replay's. The run's own bench timing (``bench_cluster.py``) moves with the
 machine's load; a replay holds the decisions fixed::
@@ -59,10 +60,18 @@ def record(out: Path, duration_s: float) -> None:
     print(f"{len(calls)} calls, {sum(c[0] == 'rank' for c in calls)} decisions: {out}")
 
 
-def replay(calls_file: Path, repeats: int, choices: Path | None, compare: Path | None) -> None:
+# What a replay times a decision by: the wall clock, or this thread's CPU time (on a busy machine
+# the CPU time leaves out the moments another process had the core).
+CLOCKS = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
+
+
+def replay(
+    calls_file: Path, repeats: int, choices: Path | None, compare: Path | None, clock: str
+) -> None:
     calls = pickle.loads(calls_file.read_bytes())
     hold = {"hold": routing.Hold.HEADROOM} if hasattr(routing, "Hold") else {}
     first: list[list[str]] = []
+    now = CLOCKS[clock]
     for rep in range(repeats):
         policy = routing.RoutingPolicy(routing.RoutingConfig(**hold))
         times: list[int] = []
@@ -72,13 +81,13 @@ def replay(calls_file: Path, repeats: int, choices: Path | None, compare: Path |
             if name != "rank":
                 method(*a, **k)
                 continue
-            start = time.perf_counter_ns()
+            start = now()
             ranked = method(*a, **k)
-            times.append(time.perf_counter_ns() - start)
+            times.append(now() - start)
             first.append(ranked[:1])
         us = np.asarray(times) / 1e3
         print(f"rep {rep}: rank median {np.median(us):.1f} µs, P99 {np.percentile(us, 99):.1f} µs "
-              f"({len(us)} decisions)")  # fmt: skip
+              f"({len(us)} decisions, {clock} clock)")  # fmt: skip
     if choices is not None:
         choices.write_bytes(pickle.dumps(first))
     if compare is not None:
@@ -98,11 +107,12 @@ def main() -> None:
     rep.add_argument("--repeats", type=int, default=3)
     rep.add_argument("--choices", type=Path)
     rep.add_argument("--compare", type=Path)
+    rep.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
     args = ap.parse_args()
     if args.command == "record":
         record(args.out, args.duration_s)
     else:
-        replay(args.calls, args.repeats, args.choices, args.compare)
+        replay(args.calls, args.repeats, args.choices, args.compare, args.clock)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -93,11 +94,14 @@ NUM_BUCKETS = 24
 FloatArray = npt.NDArray[np.float64]
 
 
-def kv_blocks(num_tokens: FloatArray, block_size: int) -> FloatArray:
+Tokens = TypeVar("Tokens", float, FloatArray)
+
+
+def kv_blocks(num_tokens: Tokens, block_size: int) -> Tokens:
     """The KV blocks ``num_tokens`` tokens hold, as the headroom model counts them (the one
     formula admission, replica stats and the router share): the tokens over the block size, plus
     half a block (the partly filled last one)."""
-    blocks: FloatArray = num_tokens / block_size + 0.5
+    blocks: Tokens = num_tokens / block_size + 0.5
     return blocks
 
 

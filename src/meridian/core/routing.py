@@ -360,6 +360,9 @@ class _Unseen:
     weighed: bool = False
     total: FloatArray | None = None
     peak_bound: float = 0.0
+    # Set by _assess: per kind (reasoning, chat), ``total`` plus a fresh request's blocks with
+    # no prompt (_Shape.grid_blocks).
+    base: list[FloatArray | None] = field(default_factory=lambda: [None, None])
 
 
 @dataclass(slots=True)
@@ -378,9 +381,8 @@ class _Replica:
     version: int = 0
     in_order: bool = True
     unseen_cache: _Unseen | None = None
-    # The stats whose bounds (largest load, largest survivals, the grid's end) ``bounds`` holds.
-    bounds_of: ReplicaStats | None = None
-    bounds: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    # What the decision reads of the stats' projection, once per stats.
+    shape: _Shape | None = None
 
     def place(self, request_id: str, placed: _Placed) -> None:
         """Record ``request_id`` in flight here (again: its send time changes in place)."""
@@ -428,20 +430,45 @@ class _Replica:
             cached.peak_bound = bound
         return cached
 
-    def load_bounds(
-        self, stats: ReplicaStats, projection: Projection
-    ) -> tuple[float, float, float, float]:
-        """The largest projected load and survivals (reasoning, chat) of ``stats``, and the last
-        step of its grid."""
-        if self.bounds_of is not stats:
-            self.bounds_of = stats
-            self.bounds = (
-                float(projection.load.max()),
-                float(projection.survival_reasoning.max()),
-                float(projection.survival_chat.max()),
-                float(projection.grid[-1]),
-            )
-        return self.bounds
+    def shape_of(self, stats: ReplicaStats, projection: Projection) -> _Shape:
+        """:class:`_Shape` of ``stats`` (whose projection is ``projection``), once per stats."""
+        shape = self.shape
+        if shape is None or shape.stats is not stats:
+            shape = self.shape = _Shape.of(stats, projection)
+        return shape
+
+
+@dataclass(slots=True, eq=False)
+class _Shape:
+    """What every decision reads of one stats' projection: its budget (at least a block), the
+    room its largest load leaves in it (less a margin for rounding), its largest survivals
+    (reasoning, chat), the last step of its grid, and per kind a fresh request's expected blocks
+    with no prompt (:meth:`Projection.request_blocks` without ``max_tokens``, less the prompt)."""
+
+    stats: ReplicaStats
+    budget: float
+    room: float
+    survival_max: tuple[float, float]
+    last: float
+    survival: tuple[FloatArray, FloatArray]
+    grid_blocks: tuple[FloatArray, FloatArray]
+    empty_blocks: float
+
+    @classmethod
+    def of(cls, stats: ReplicaStats, projection: Projection) -> _Shape:
+        survival = projection.survival_reasoning, projection.survival_chat
+        blocks = kv_blocks(projection.grid, stats.block_size)
+        budget = max(projection.budget, 1.0)
+        return cls(
+            stats=stats,
+            budget=budget,
+            room=budget * (1.0 - 1e-9) - float(projection.load.max()),
+            survival_max=(float(survival[0].max()), float(survival[1].max())),
+            last=float(projection.grid[-1]),
+            survival=survival,
+            grid_blocks=(blocks * survival[0], blocks * survival[1]),
+            empty_blocks=kv_blocks(0.0, stats.block_size),
+        )
 
 
 def _unseen(replica: _Replica, stats: ReplicaStats) -> list[_Placed]:
@@ -474,6 +501,12 @@ def _prompt_blocks(request: NewRequest, block_size: int) -> int:
     return -(-request.num_prompt_tokens // block_size)
 
 
+def _steps(stats: ReplicaStats, now: float) -> float:
+    """The engine steps the replica ``stats`` describe has run since they were measured."""
+    elapsed = max(0.0, now - stats.time_s)
+    return elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
+
+
 def _peak(
     stats: ReplicaStats,
     projection: Projection,
@@ -484,9 +517,7 @@ def _peak(
     """The projected KV peak of the replica ``stats`` describe with the ``unseen`` requests'
     expected blocks (summed) and ``request`` added, its load aged by the steps run since
     ``stats``."""
-    elapsed = max(0.0, now - stats.time_s)
-    steps = elapsed / stats.step_time_s if stats.step_time_s > 0.0 else 0.0
-    load = projection.aged(steps)
+    load = projection.aged(_steps(stats, now))
     if unseen is not None:
         load = load + unseen
     need = projection.request_blocks(request, stats.block_size)
@@ -515,6 +546,7 @@ class RoutingPolicy:
         self.config = config or RoutingConfig()
         self._replicas: dict[str, _Replica] = {}
         self._placed_on: dict[str, str] = {}
+        self._failed: set[str] = set()  # the replicas whose failed_at is set
 
     def _replica(self, name: str) -> _Replica:
         replica = self._replicas.get(name)
@@ -550,6 +582,7 @@ class RoutingPolicy:
     def forget(self, replica: str) -> None:
         """``replica`` is gone: its stats and its in-flight requests with it."""
         gone = self._replicas.pop(replica, None)
+        self._failed.discard(replica)
         if gone is not None:
             for request_id in gone.in_flight:
                 self._placed_on.pop(request_id, None)
@@ -560,6 +593,7 @@ class RoutingPolicy:
         target = self._replica(replica)
         if target.failed_at is None or now > target.failed_at:
             target.failed_at = now
+            self._failed.add(replica)
 
     def answered(self, replica: str, at: float) -> None:
         """``replica`` was seen working at ``at`` (a health check, a request that succeeded):
@@ -567,11 +601,11 @@ class RoutingPolicy:
         target = self._replicas.get(replica)
         if target is not None and target.failed_at is not None and at > target.failed_at:
             target.failed_at = None
+            self._failed.discard(replica)
 
     def is_failed(self, replica: str) -> bool:
         """Whether ``replica`` is out of rotation (it failed and has not answered since)."""
-        found = self._replicas.get(replica)
-        return found is not None and found.failed_at is not None
+        return replica in self._failed
 
     def placed_on(self, request_id: str) -> str | None:
         """The replica ``request_id`` was sent to (``None``: none, or it completed)."""
@@ -597,14 +631,19 @@ class RoutingPolicy:
         candidate; when all are, ``request`` is held as when none fits. Otherwise a permutation
         of ``candidates`` (duplicates are ranked once)."""
         names = set(candidates)
-        working = {name for name in names if not self.is_failed(name)}
         may_hold = waited_s < self.config.max_hold_s
+        working = names - self._failed
         if working:
             names = working
         elif may_hold:
             return []
-        reasoning = request.reasoning
-        keyed = sorted((self._key(name, request, reasoning, now), name) for name in names)
+        kind = 0 if request.reasoning else 1
+        keyed: list[tuple[tuple[int, float, int], str]] = []
+        for name in names:
+            replica = self._replicas.get(name) or _Replica()
+            tier, cost, _ = self._assess(replica, request, kind, now)
+            keyed.append(((tier, cost, replica.num_routed), name))
+        keyed.sort()
         if keyed and may_hold and self._holds(keyed, request, now):
             return []
         return [name for _, name in keyed]
@@ -641,19 +680,13 @@ class RoutingPolicy:
     def headroom(self, replica: str, request: NewRequest, now: float) -> bool | None:
         """Whether ``replica`` fits ``request`` now; ``None`` where its stats cannot say."""
         found = self._replicas.get(replica) or _Replica()
-        return self._assess(found, request, request.reasoning, now)[2]
-
-    def _key(
-        self, name: str, request: NewRequest, reasoning: bool, now: float
-    ) -> tuple[int, float, int]:
-        replica = self._replicas.get(name) or _Replica()
-        tier, cost, _ = self._assess(replica, request, reasoning, now)
-        return tier, cost, replica.num_routed
+        return self._assess(found, request, 0 if request.reasoning else 1, now)[2]
 
     def _assess(
-        self, replica: _Replica, request: NewRequest, reasoning: bool, now: float
+        self, replica: _Replica, request: NewRequest, kind: int, now: float
     ) -> tuple[int, float, bool | None]:
-        """(tier, cost, headroom) of ``replica`` for ``request`` (of that kind): lower tiers and
+        """(tier, cost, headroom) of ``replica`` for ``request`` (of that kind: 0 reasoning, 1
+        chat): lower tiers and
         costs are better; the cost is how far the request would overflow the replica's budget (a
         fraction of it) where it does not fit, else this router's requests in flight on it
         (module docstring)."""
@@ -665,26 +698,53 @@ class RoutingPolicy:
         ):
             return _OPEN, float(len(replica.in_flight)), None
         projection = stats.projection
-        unseen = replica.unseen_blocks(stats, projection)
-        budget = max(projection.budget, 1.0)
-        fits = _OPEN, float(len(replica.in_flight)), True
+        unseen = replica.unseen_cache  # (unseen_blocks' cache read here: it is the usual case)
+        if (
+            unseen is None
+            or unseen.stats is not stats
+            or unseen.version != replica.version
+            or not unseen.weighed
+        ):
+            unseen = replica.unseen_blocks(stats, projection)
         if stats.num_running == 0 and stats.num_waiting == 0 and not unseen.requests:
-            return fits  # idle
+            return _OPEN, float(len(replica.in_flight)), True  # idle
+        shape = replica.shape
+        if shape is None or shape.stats is not stats:
+            shape = replica.shape_of(stats, projection)
         # NOTE: a bound first, the projection only where it cannot decide. Aging only reads
         # later points of the load, so no aged load exceeds its largest point, and no request
         # holds more than its prompt and bound times its kind's largest survival: when those
         # together stay within the budget, so does the peak computed below (a margin for
-        # rounding). At 16 replicas most decisions end here (issue 45: the cost per decision).
-        load_max, surv_reasoning, surv_chat, last = replica.load_bounds(stats, projection)
-        generated = last if request.max_tokens is None else min(last, float(request.max_tokens))
-        surv = surv_reasoning if reasoning else surv_chat
-        need_max = ((request.num_prompt_tokens + generated) / stats.block_size + 0.5) * surv
-        if load_max + unseen.peak_bound + need_max <= budget * (1.0 - 1e-9):
-            return fits
-        peak = _peak(stats, projection, unseen.total, request, now)
+        # rounding). At 16 replicas with room most decisions end here (issue 45: the cost per
+        # decision).
+        bound = shape.last if request.max_tokens is None else min(shape.last, request.max_tokens)
+        need_max = kv_blocks(request.num_prompt_tokens + bound, stats.block_size)
+        need_max *= shape.survival_max[kind]
+        if unseen.peak_bound + need_max <= shape.room:
+            return _OPEN, float(len(replica.in_flight)), True
+        if request.max_tokens is not None and request.max_tokens < shape.last:
+            peak = _peak(stats, projection, unseen.total, request, now)
+        else:
+            # NOTE: _peak's sum with the uncounted requests and the request's blocks without its
+            # prompt added once per in-flight change; kv_blocks is affine in tokens, so the
+            # prompt adds its own blocks less an empty request's at every step.
+            base = unseen.base[kind]
+            if base is None:
+                base = shape.grid_blocks[kind]
+                if unseen.total is not None:
+                    base = base + unseen.total
+                unseen.base[kind] = base
+            prompt = kv_blocks(request.num_prompt_tokens, stats.block_size) - shape.empty_blocks
+            steps = _steps(stats, now)
+            grid = projection.grid
+            load = base + (
+                np.interp(grid + steps, grid, projection.load) if steps else projection.load
+            )
+            peak = float((load + prompt * shape.survival[kind]).max())
+        budget = shape.budget
         if peak > budget:
             return _FULL, (peak - budget) / budget, False
-        return fits
+        return _OPEN, float(len(replica.in_flight)), True
 
     # -- what a migration asks (meridian.core.migration) ---------------------------------------
 
