@@ -107,15 +107,15 @@ ADVICE: dict[str, str] = {
         'Leave "headroom": until 32 requests have finished (it learns their lengths) it admits '
         "by the requests' own bounds, prompt plus max_tokens, when they are tight (otherwise it "
         "holds nothing), then only what the cache is expected to hold at the running set's "
-        "peak, keeping 2 % in reserve. Under overload that turns preemption and recompute into "
+        "peak, keeping 1 % in reserve. Under overload that turns preemption and recompute into "
         'queueing (docs/adr/0013). "vllm" restores stock admission, e.g. when request lengths '
         "swing so fast that the last 1,024 finished requests say little about the next ones."
     ),
     "scheduler.admission_reserve": (
         "Raise it if headroom admission still lets preemptions through under overload "
         "(meridian_preemptions_total keeps rising); lower it if the queue waits while the "
-        "cache has room. 0.02 measured best on vLLM's scheduler with the output budget off "
-        "(docs/adr/0020); 0.05 before it (docs/adr/0013)."
+        "cache has room. 0.01 since docs/adr/0021 (the main job's TTFT), 0.02 before it "
+        "(docs/adr/0020), 0.05 before that (docs/adr/0013)."
     ),
     "scheduler.admission_order": (
         'Leave "chat-first": under headroom admission a reasoning request at the head of the '

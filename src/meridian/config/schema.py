@@ -191,7 +191,7 @@ class SchedulerConfig(_Section):
         _POS,
     )
     admission_reserve: ReserveFraction = _field(
-        0.02,
+        0.01,
         "Headroom admission keeps this fraction of the KV cache out of its projection (the "
         "projected peak is a mean; the real one lies above it about half the time).",
         _RESERVE,
