@@ -896,18 +896,21 @@ def test_headroom_admission_starts_what_the_projected_peak_leaves_room_for(
     _teach(policy, MIN_SAMPLES, 40)
     assert policy.admissions([], [FakeRequest("w", PLAIN_PROMPT)], 40) is None
     monkeypatch.setattr(admission_module, "MIN_REQUESTS_IN_CACHE", 1)
-    policy = make_policy(admission="headroom")
+    # (The figures below are worked for a 5 % reserve.)
+    config = SchedulerConfig(admission_reserve=0.05)
+    policy = MeridianPolicy(MODEL, config, block_size=4, capacity=64, admission="headroom")
     waiting = [FakeRequest(f"w{i}", PLAIN_PROMPT) for i in range(5)]
     _teach(policy, MIN_SAMPLES, None)  # aborted requests teach nothing
     assert policy.admissions([], waiting, 40) is None
     _teach(policy, MIN_SAMPLES, 40)
     # Each newcomer is expected to grow from 3 to 43 tokens: about 11 blocks at its peak, and
-    # 40 blocks less the reserve hold 3 of them.
+    # 40 blocks less the 5 % reserve hold 3 of them.
     assert policy.admissions([], waiting, 40) == 3
     assert policy.stats.num_admissions_held == 1
     # Running requests take their share: one that has generated 20 of its 40 tokens holds 23
     # and is projected from its bucket's lower edge (here 0: every sample is 40 long), up to
-    # 62 tokens, 16 blocks; 50 blocks less the reserve hold it and 2 newcomers.
+    # 62 tokens, 16 blocks; 50 blocks less the 5 % reserve (47.5) hold it and 2 newcomers (38;
+    # a third would need 49).
     r = admitted(policy, "r", PLAIN_PROMPT)
     for step in range(20):
         r.emit(policy, 9, step + 1)
