@@ -440,12 +440,14 @@ class _Replica:
 
 @dataclass(slots=True, eq=False)
 class _Shape:
-    """What every decision reads of one stats' projection: its budget (at least a block), the
-    room its largest load leaves in it (less a margin for rounding), its largest survivals
-    (reasoning, chat), the last step of its grid, and per kind a fresh request's expected blocks
-    with no prompt (:meth:`Projection.request_blocks` without ``max_tokens``, less the prompt)."""
+    """What every decision reads of one stats and its projection: whether the replica was idle,
+    its budget (at least a block), the room its largest load leaves in it (less a margin for
+    rounding), its largest survivals (reasoning, chat), the last step of its grid, and per kind a
+    fresh request's expected blocks with no prompt (:meth:`Projection.request_blocks` without
+    ``max_tokens``, less the prompt)."""
 
     stats: ReplicaStats
+    idle: bool  # nothing running or waiting
     budget: float
     room: float
     survival_max: tuple[float, float]
@@ -461,6 +463,7 @@ class _Shape:
         budget = max(projection.budget, 1.0)
         return cls(
             stats=stats,
+            idle=stats.num_running == 0 and stats.num_waiting == 0,
             budget=budget,
             room=budget * (1.0 - 1e-9) - float(projection.load.max()),
             survival_max=(float(survival[0].max()), float(survival[1].max())),
@@ -639,9 +642,10 @@ class RoutingPolicy:
             return []
         kind = 0 if request.reasoning else 1
         keyed: list[tuple[tuple[int, float, int], str]] = []
+        find, assess = self._replicas.get, self._assess  # (bound once: 16 replicas a decision)
         for name in names:
-            replica = self._replicas.get(name) or _Replica()
-            tier, cost, _ = self._assess(replica, request, kind, now)
+            replica = find(name) or _Replica()
+            tier, cost, _ = assess(replica, request, kind, now)
             keyed.append(((tier, cost, replica.num_routed), name))
         keyed.sort()
         if keyed and may_hold and self._holds(keyed, request, now):
@@ -686,10 +690,9 @@ class RoutingPolicy:
         self, replica: _Replica, request: NewRequest, kind: int, now: float
     ) -> tuple[int, float, bool | None]:
         """(tier, cost, headroom) of ``replica`` for ``request`` (of that kind: 0 reasoning, 1
-        chat): lower tiers and
-        costs are better; the cost is how far the request would overflow the replica's budget (a
-        fraction of it) where it does not fit, else this router's requests in flight on it
-        (module docstring)."""
+        chat): lower tiers and costs are better; the cost is how far the request would overflow
+        the replica's budget (a fraction of it) where it does not fit, else this router's
+        requests in flight on it (module docstring)."""
         stats = replica.stats
         if (
             stats is None
@@ -706,11 +709,11 @@ class RoutingPolicy:
             or not unseen.weighed
         ):
             unseen = replica.unseen_blocks(stats, projection)
-        if stats.num_running == 0 and stats.num_waiting == 0 and not unseen.requests:
-            return _OPEN, float(len(replica.in_flight)), True  # idle
         shape = replica.shape
         if shape is None or shape.stats is not stats:
             shape = replica.shape_of(stats, projection)
+        if shape.idle and not unseen.requests:
+            return _OPEN, float(len(replica.in_flight)), True
         # NOTE: a bound first, the projection only where it cannot decide. Aging only reads
         # later points of the load, so no aged load exceeds its largest point, and no request
         # holds more than its prompt and bound times its kind's largest survival: when those
