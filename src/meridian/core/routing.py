@@ -738,11 +738,7 @@ class RoutingPolicy:
                     base = base + unseen.total
                 unseen.base[kind] = base
             prompt = kv_blocks(request.num_prompt_tokens, stats.block_size) - shape.empty_blocks
-            steps = _steps(stats, now)
-            grid = projection.grid
-            load = base + (
-                np.interp(grid + steps, grid, projection.load) if steps else projection.load
-            )
+            load = projection.aged(_steps(stats, now)) + base
             peak = float((load + prompt * shape.survival[kind]).max())
         budget = shape.budget
         if peak > budget:
