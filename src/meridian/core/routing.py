@@ -709,9 +709,7 @@ class RoutingPolicy:
             or not unseen.weighed
         ):
             unseen = replica.unseen_blocks(stats, projection)
-        shape = replica.shape
-        if shape is None or shape.stats is not stats:
-            shape = replica.shape_of(stats, projection)
+        shape = replica.shape_of(stats, projection)
         if shape.idle and not unseen.requests:
             return _OPEN, float(len(replica.in_flight)), True
         # NOTE: a bound first, the projection only where it cannot decide. Aging only reads
