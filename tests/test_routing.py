@@ -310,6 +310,16 @@ def test_stats_age_by_the_steps_run_since() -> None:
     assert policy.rank(["a"], request, now=0.5) == ["a"]
 
 
+@given(projections, st.floats(0.0, 1.0))
+def test_aging_within_the_first_cell_is_one_product(proj: Projection, share: float) -> None:
+    cell, slopes = proj.slopes()
+    assert cell == pytest.approx(GRID[1] - GRID[0]) and slopes is not None
+    steps = share * cell * (1.0 - 1e-12)
+    np.testing.assert_allclose(proj.load + steps * slopes, proj.aged(steps), rtol=1e-9, atol=1e-9)
+    flat = Projection(np.zeros(len(GRID)), proj.load, 1.0, proj.survival_chat, proj.survival_chat)
+    assert flat.slopes() == (0.0, None)  # a grid that does not increase: np.interp's aging alone
+
+
 def test_stale_missing_or_unprojected_stats_never_hold() -> None:
     flat = [1.0] * len(GRID)
     full = projection([2000.0] * 9, 100.0, flat, flat)

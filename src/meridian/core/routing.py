@@ -150,11 +150,25 @@ class Projection:
 
     def aged(self, steps: float) -> FloatArray:
         """``load`` as it stands ``steps`` steps after it was projected (past the grid: its
-        last point)."""
+        last point), interpolated linearly between grid points. Within the grid's first cell
+        (``steps`` under its smallest spacing) that is ``load + steps * slopes()``."""
         if steps <= 0.0:
             return self.load
         shifted: FloatArray = np.interp(self.grid + steps, self.grid, self.load)
         return shifted
+
+    def slopes(self) -> tuple[float, FloatArray | None]:
+        """(the grid's smallest spacing, ``load``'s slope over each grid cell, 0 at the last
+        point): :meth:`aged` within the first cell as one product. (0, None) for a grid that
+        does not increase strictly."""
+        grid, load = self.grid, self.load
+        spacing = grid[1:] - grid[:-1]  # (slices, not np.diff: a stats refresh per replica)
+        cell = float(spacing[spacing.argmin()]) if len(spacing) else 0.0
+        if not cell > 0.0:
+            return 0.0, None
+        slopes: FloatArray = np.zeros(len(grid))
+        np.divide(load[1:] - load[:-1], spacing, out=slopes[:-1])
+        return cell, slopes
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -360,9 +374,9 @@ class _Unseen:
     weighed: bool = False
     total: FloatArray | None = None
     peak_bound: float = 0.0
-    # Set by _assess: per kind (reasoning, chat), ``total`` plus a fresh request's blocks with
-    # no prompt (_Shape.grid_blocks).
-    base: list[FloatArray | None] = field(default_factory=lambda: [None, None])
+    # Set by _assess: per kind (reasoning, chat), the columns a decision's peak is one product
+    # of (_Shape.columns).
+    columns: list[FloatArray | None] = field(default_factory=lambda: [None, None])
 
 
 @dataclass(slots=True)
@@ -442,9 +456,9 @@ class _Replica:
 class _Shape:
     """What every decision reads of one stats and its projection: whether the replica was idle,
     its budget (at least a block), the room its largest load leaves in it (less a margin for
-    rounding), its largest survivals (reasoning, chat), the last step of its grid, and per kind a
+    rounding), its largest survivals (reasoning, chat), the last step of its grid, per kind a
     fresh request's expected blocks with no prompt (:meth:`Projection.request_blocks` without
-    ``max_tokens``, less the prompt)."""
+    ``max_tokens``, less the prompt), and :meth:`Projection.slopes`."""
 
     stats: ReplicaStats
     idle: bool  # nothing running or waiting
@@ -455,12 +469,15 @@ class _Shape:
     survival: tuple[FloatArray, FloatArray]
     grid_blocks: tuple[FloatArray, FloatArray]
     empty_blocks: float
+    cell: float
+    slopes: FloatArray | None
 
     @classmethod
     def of(cls, stats: ReplicaStats, projection: Projection) -> _Shape:
         survival = projection.survival_reasoning, projection.survival_chat
         blocks = kv_blocks(projection.grid, stats.block_size)
         budget = max(projection.budget, 1.0)
+        cell, slopes = projection.slopes()
         return cls(
             stats=stats,
             idle=stats.num_running == 0 and stats.num_waiting == 0,
@@ -471,7 +488,22 @@ class _Shape:
             survival=survival,
             grid_blocks=(blocks * survival[0], blocks * survival[1]),
             empty_blocks=kv_blocks(0.0, stats.block_size),
+            cell=cell,
+            slopes=slopes,
         )
+
+    def columns(self, projection: Projection, unseen: _Unseen, kind: int) -> FloatArray:
+        """Per grid point (rows): the load with the uncounted requests' and a fresh request's
+        blocks without its prompt (kind ``kind``), the load's slope, the kind's survival. A
+        request's peak ``steps`` into the first cell is the largest of ``columns @ (1, steps,
+        its prompt's blocks)``: kv_blocks is affine in tokens, so the prompt adds its own blocks
+        less an empty request's at every step."""
+        assert self.slopes is not None
+        base = projection.load + self.grid_blocks[kind]
+        if unseen.total is not None:
+            base = base + unseen.total
+        columns: FloatArray = np.array((base, self.slopes, self.survival[kind])).T
+        return columns
 
 
 def _unseen(replica: _Replica, stats: ReplicaStats) -> list[_Placed]:
@@ -723,21 +755,20 @@ class RoutingPolicy:
         need_max *= shape.survival_max[kind]
         if unseen.peak_bound + need_max <= shape.room:
             return _OPEN, float(len(replica.in_flight)), True
-        if request.max_tokens is not None and request.max_tokens < shape.last:
+        steps = _steps(stats, now)
+        if (request.max_tokens is not None and request.max_tokens < shape.last) or not (
+            steps < shape.cell
+        ):
             peak = _peak(stats, projection, unseen.total, request, now)
         else:
-            # NOTE: _peak's sum with the uncounted requests and the request's blocks without its
-            # prompt added once per in-flight change; kv_blocks is affine in tokens, so the
-            # prompt adds its own blocks less an empty request's at every step.
-            base = unseen.base[kind]
-            if base is None:
-                base = shape.grid_blocks[kind]
-                if unseen.total is not None:
-                    base = base + unseen.total
-                unseen.base[kind] = base
+            # NOTE: _peak as one product (_Shape.columns), its columns once per in-flight
+            # change: the stats are at most a poll old, within the grid's first cell.
+            columns = unseen.columns[kind]
+            if columns is None:
+                columns = unseen.columns[kind] = shape.columns(projection, unseen, kind)
             prompt = kv_blocks(request.num_prompt_tokens, stats.block_size) - shape.empty_blocks
-            load = projection.aged(_steps(stats, now)) + base
-            peak = float((load + prompt * shape.survival[kind]).max())
+            values = columns.dot((1.0, steps, prompt))
+            peak = float(values[values.argmax()])  # (argmax: a fifth of ndarray.max's cost)
         budget = shape.budget
         if peak > budget:
             return _FULL, (peak - budget) / budget, False
