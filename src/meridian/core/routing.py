@@ -762,7 +762,8 @@ class RoutingPolicy:
             peak = _peak(stats, projection, unseen.total, request, now)
         else:
             # NOTE: _peak as one product (_Shape.columns), its columns once per in-flight
-            # change: the stats are at most a poll old, within the grid's first cell.
+            # change. Stats a poll old are tens of steps old, within the grid's first cell (a
+            # 47th of the longest request); older ones take _peak above.
             columns = unseen.columns[kind]
             if columns is None:
                 columns = unseen.columns[kind] = shape.columns(projection, unseen, kind)
