@@ -547,12 +547,12 @@ def _peak(
     projection: Projection,
     unseen: FloatArray | None,
     request: NewRequest,
-    now: float,
+    steps: float,
 ) -> float:
     """The projected KV peak of the replica ``stats`` describe with the ``unseen`` requests'
-    expected blocks (summed) and ``request`` added, its load aged by the steps run since
-    ``stats``."""
-    load = projection.aged(_steps(stats, now))
+    expected blocks (summed) and ``request`` added, its load aged by the ``steps`` run since
+    ``stats`` (:func:`_steps`)."""
+    load = projection.aged(steps)
     if unseen is not None:
         load = load + unseen
     need = projection.request_blocks(request, stats.block_size)
@@ -759,7 +759,7 @@ class RoutingPolicy:
         if (request.max_tokens is not None and request.max_tokens < shape.last) or not (
             steps < shape.cell
         ):
-            peak = _peak(stats, projection, unseen.total, request, now)
+            peak = _peak(stats, projection, unseen.total, request, steps)
         else:
             # NOTE: _peak as one product (_Shape.columns), its columns once per in-flight
             # change. Stats a poll old are tens of steps old, within the grid's first cell (a
@@ -769,7 +769,7 @@ class RoutingPolicy:
                 columns = unseen.columns[kind] = shape.columns(projection, unseen, kind)
             prompt = kv_blocks(request.num_prompt_tokens, stats.block_size) - shape.empty_blocks
             values = columns.dot((1.0, steps, prompt))
-            peak = float(values[values.argmax()])  # (argmax: a fifth of ndarray.max's cost)
+            peak = float(values[values.argmax()])  # (argmax and an index: cheaper than .max())
         budget = shape.budget
         if peak > budget:
             return _FULL, (peak - budget) / budget, False
@@ -793,7 +793,8 @@ class RoutingPolicy:
             return None
         unseen = self._replicas[replica].unseen_blocks(stats, stats.projection)
         budget = max(stats.projection.budget, 1.0)
-        return (budget - _peak(stats, stats.projection, unseen.total, request, now)) / budget
+        peak = _peak(stats, stats.projection, unseen.total, request, _steps(stats, now))
+        return (budget - peak) / budget
 
     def free_share(self, replica: str, request: NewRequest, now: float) -> float | None:
         """The share of ``replica``'s KV blocks free once the prompts of the requests sent since
