@@ -7,8 +7,10 @@ router and scheduler, ``--duration-s`` of arrivals) and pickles every call the r
 times each ``rank`` (``--clock wall``: ``perf_counter_ns``; ``cpu``: the thread's CPU time, steadier
 on a busy machine) and prints the median and P99 per repetition; with
 ``--choices`` it saves each decision's first-ranked replica, and ``--compare`` tells how many
-match another replay's. The run's own bench timing (``bench_cluster.py``) moves with the
-machine's load; a replay holds the decisions fixed::
+match another replay's; ``--count-full`` also counts, after each decision (untimed), the
+candidates without room for its request (``RoutingPolicy.headroom`` False: the ones whose
+projection the decision had to age). The run's own bench timing (``bench_cluster.py``) moves
+with the machine's load; a replay holds the decisions fixed::
 
     .venv/bin/python benchmarks/bench_router_replay.py record --out /tmp/calls.pkl
     .venv/bin/python benchmarks/bench_router_replay.py replay /tmp/calls.pkl --choices /tmp/new.pkl
@@ -66,7 +68,12 @@ CLOCKS = {"wall": time.perf_counter_ns, "cpu": time.thread_time_ns}
 
 
 def replay(
-    calls_file: Path, repeats: int, choices: Path | None, compare: Path | None, clock: str
+    calls_file: Path,
+    repeats: int,
+    choices: Path | None,
+    compare: Path | None,
+    clock: str,
+    count_full: bool = False,
 ) -> None:
     calls = pickle.loads(calls_file.read_bytes())
     hold = {"hold": routing.Hold.HEADROOM} if hasattr(routing, "Hold") else {}
@@ -76,6 +83,7 @@ def replay(
         policy = routing.RoutingPolicy(routing.RoutingConfig(**hold))
         times: list[int] = []
         first = []
+        full = assessed = 0
         for name, a, k in calls:
             method = getattr(policy, name)
             if name != "rank":
@@ -85,9 +93,16 @@ def replay(
             ranked = method(*a, **k)
             times.append(now() - start)
             first.append(ranked[:1])
+            if count_full:
+                candidates, request, at = a[:3]
+                assessed += len(candidates)
+                full += sum(policy.headroom(c, request, at) is False for c in candidates)
         us = np.asarray(times) / 1e3
         print(f"rep {rep}: rank median {np.median(us):.1f} µs, P99 {np.percentile(us, 99):.1f} µs "
               f"({len(us)} decisions, {clock} clock)")  # fmt: skip
+        if count_full:
+            print(f"  without room for the request: {full} of {assessed} replica assessments "
+                  f"({full / max(assessed, 1):.1%})")  # fmt: skip
     if choices is not None:
         choices.write_bytes(pickle.dumps(first))
     if compare is not None:
@@ -108,11 +123,12 @@ def main() -> None:
     rep.add_argument("--choices", type=Path)
     rep.add_argument("--compare", type=Path)
     rep.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    rep.add_argument("--count-full", action="store_true")
     args = ap.parse_args()
     if args.command == "record":
         record(args.out, args.duration_s)
     else:
-        replay(args.calls, args.repeats, args.choices, args.compare, args.clock)
+        replay(args.calls, args.repeats, args.choices, args.compare, args.clock, args.count_full)
 
 
 if __name__ == "__main__":
