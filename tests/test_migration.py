@@ -1,8 +1,9 @@
 """Moving requests between replicas (``meridian.core.migration``, ``meridian.sim.migration``):
 a re-placed request recomputes its prompt and generated tokens on the target before it decodes
 again, and its counts are right; a request moved with its KV pays the link's time and no
-recompute; the decisions move only what the rules say, where there is room; the clairvoyant
-reference is at least as good as Meridian's router on a small contended case."""
+recompute; the decisions move only what the rules say, where there is room; the split places
+by kind and moves every ``</think>`` to its answer-first replicas; the clairvoyant reference is
+at least as good as Meridian's router on a small contended case."""
 
 from __future__ import annotations
 
@@ -147,16 +148,62 @@ def test_decisions_move_only_what_the_rules_say_to_where_there_is_room() -> None
         MigrationConfig(link_bytes_per_s=0)
 
 
-def test_migrating_routers_serve_every_request_and_count_their_moves() -> None:
+def test_the_split_places_by_kind_and_moves_answers_to_the_answer_first_replicas() -> None:
+    routing = RoutingPolicy()
+    policy = MigrationPolicy(routing, MigrationConfig(max_moves=1))
+    # The last eighth of the replicas, rounded, at least one and never all.
+    sizes = {n: len(policy.answer_pool([f"r{i}" for i in range(n)])) for n in (1, 2, 4, 8, 16, 24)}
+    assert sizes == {1: 0, 2: 1, 4: 1, 8: 1, 16: 2, 24: 3}
+    quarter = MigrationPolicy(routing, MigrationConfig(answer_share=0.25))
+    assert quarter.answer_pool(["a", "b", "c", "d"]) == ["d"]
+    names = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    thinking, chat = NewRequest(Phase.THINK, 100), NewRequest(Phase.OUTPUT, 100)
+    assert policy.placement(names, thinking) == names[:7]
+    assert policy.placement(names, chat) == ["h"]
+    assert policy.placement(["a"], chat) == ["a"]  # one replica: no split
+    for name, used in zip(names, (500, 990, 100, 100, 100, 100, 100, 600), strict=True):
+        routing.observe(name, counts(0.0, used))
+    answer = NewRequest(Phase.OUTPUT, 160 * BS, 100)
+    # Every </think> on a thinking replica moves to the answer-first one, pressure or not.
+    assert policy.move_answer("a", names, answer, 1.0, num_moves=0, split=True) == "h"
+    assert (
+        policy.move_answer("h", names, answer, 1.0, num_moves=0, split=True) is None
+    )  # already there
+    assert (
+        policy.move_answer("a", names, answer, 1.0, num_moves=1, split=True) is None
+    )  # moved enough
+    huge = NewRequest(Phase.OUTPUT, 500 * BS, 100)  # h has 400 blocks free: no room
+    assert policy.move_answer("a", names, huge, 1.0, num_moves=0, split=True) is None
+    # Moved under pressure alone, it would stay on a (room, no queue); from b (full) it would go
+    # to the replica with the most room, a thinking one.
+    assert policy.move_answer("a", names, answer, 1.0, num_moves=0) is None
+    assert policy.move_answer("b", names, answer, 1.0, num_moves=0) == "c"
+    with pytest.raises(ConfigError, match=r"^migration\.answer_share must be between 0 and 1"):
+        MigrationConfig(answer_share=1.0)
+
+
+@pytest.mark.parametrize("router", ["meridian-move", "meridian-split"])
+def test_migrating_routers_serve_every_request_and_count_their_moves(router: str) -> None:
     spec = dataclasses.replace(SPEC, policies=["meridian"])
     requests = burst(1400, seed=3)
-    moved = run(spec, 2, "meridian-move", "meridian", requests, num_kv_blocks=2100)
+    moved = run(spec, 4, router, "meridian", requests, num_kv_blocks=2100)
     assert all(r.finished for r in moved.result.records)
     assert moved.migrations is not None
-    assert moved.migrations.by_reason["answer"] == sum(moved.migrations.by_transfer.values()) > 0
+    num_moved = moved.migrations.by_reason["answer"]
+    assert num_moved == sum(moved.migrations.by_transfer.values()) > 0
     assert moved.migrations.transfer_s > 0.0
     # Each request is recorded once, on the replica it finished on.
     assert sum(len(r.records) for r in moved.replicas) == len(requests)
+    if router == "meridian-split":
+        # Chat requests are placed on the answer-first replica only; reasoning requests reach
+        # it only by moving at </think>, and every one that moved finished there.
+        kinds = {spec.request_id: spec.kind for spec in requests}
+        *thinking, answering = moved.replicas
+        assert all(
+            kinds[r.request_id] is RequestKind.REASONING for t in thinking for r in t.records
+        )
+        there = [r for r in answering.records if kinds[r.request_id] is RequestKind.REASONING]
+        assert len(there) == num_moved
 
 
 def test_clairvoyant_placement_is_at_least_as_good_on_a_contended_burst() -> None:

@@ -28,8 +28,8 @@ from meridian.bench.simrun import (
     window_for,
 )
 from meridian.bench.summary import Sig6
-from meridian.core.migration import MigrationConfig, MigrationPolicy
-from meridian.core.routing import RoutingConfig, RoutingPolicy
+from meridian.core.migration import MigrationPolicy
+from meridian.core.routing import RoutingConfig
 from meridian.errors import MeridianError
 from meridian.sim.cluster import Cluster, ClusterRun, ModelReplica, Replica, VllmReplica
 from meridian.sim.engine import Engine, EngineConfig
@@ -121,11 +121,11 @@ def run_cluster(
     migrator = None
     if router in MIGRATIONS:
         kv_bytes = float(model_preset(run.model).kv_bytes_per_token)
-        routing = getattr(chooser, "policy", None)  # the same router state decides the moves
-        if not isinstance(routing, RoutingPolicy):
+        moves = getattr(chooser, "migration", None)  # the same router state decides the moves
+        if not isinstance(moves, MigrationPolicy):
             raise MeridianError(f"router {router}: migrations need Meridian's routing policy")
         migrator = Migrator(
-            MigrationPolicy(routing, MigrationConfig()),
+            moves,
             MIGRATIONS[router],
             kv_bytes_per_token=kv_bytes,
             step_model=step_model,

@@ -1,7 +1,7 @@
 """Moving a request between replicas after its placement: when, where to, and at what cost.
 
 One policy, two drivers: the cluster simulator (:mod:`meridian.sim.migration`) measures these
-decisions; a Ray Serve driver would make the same calls with the same router state. Two
+decisions; a Ray Serve driver would make the same calls with the same router state. Three
 mechanisms (issue 45), each an upper bound on what moving can buy before a driver is built:
 
 - **Re-placement by recompute** (:attr:`Reason.PREEMPTED`, :attr:`Reason.WAITED`): a request
@@ -12,6 +12,12 @@ mechanisms (issue 45), each an upper bound on what moving can buy before a drive
 - **Answer streams moved at ``</think>``** (:attr:`Reason.ANSWER`): a request that starts
   answering on a replica under pressure moves to one with room, its KV sent over a link
   (:attr:`MigrationConfig.link_bytes_per_s`) or recomputed there, whichever is cheaper.
+- **A split after Pascal** (arXiv:2602.11530): the last :attr:`MigrationConfig.answer_share` of
+  the replicas answer first. A request that starts thinking is placed on the others, one that
+  answers from its start on them (:meth:`MigrationPolicy.placement`), and every request that
+  closes its ``</think>`` on a thinking replica moves to the answer-first one with the most room
+  (:meth:`MigrationPolicy.move_answer` with ``split``), paying the link or recompute as an
+  answer stream moved under pressure does.
 
 Room, as the router sees it (:class:`~meridian.core.routing.RoutingPolicy`'s stats and its own
 in-flight requests): a replica whose stats carry a fresh projection has room for a request when
@@ -33,6 +39,7 @@ from meridian.core.routing import NewRequest, RoutingPolicy
 from meridian.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_ANSWER_SHARE",
     "DEFAULT_LINK_BYTES_PER_S",
     "DEFAULT_MAX_WAIT_S",
     "MigrationConfig",
@@ -47,6 +54,9 @@ DEFAULT_LINK_BYTES_PER_S = 25e9
 # A request waiting on one replica this long is re-placed (Meridian's admission bounds a
 # request's wait at 30 s; a third of it leaves time to be served elsewhere).
 DEFAULT_MAX_WAIT_S = 10.0
+# The split's answer-first share of the replicas: the answer phase's share of the KV a request
+# holds over its decode steps, 11-13 % on both bundled workloads (docs/cluster.md).
+DEFAULT_ANSWER_SHARE = 0.125
 
 
 class Reason(Enum):
@@ -67,11 +77,12 @@ class Transfer(Enum):
 @dataclass(frozen=True, slots=True)
 class MigrationConfig:
     """The knobs (module docstring): the wait that re-places a request, the link's bandwidth,
-    and how often one request may move (a bound on ping-pong)."""
+    how often one request may move (a bound on ping-pong) and the split's answer-first share."""
 
     max_wait_s: float = DEFAULT_MAX_WAIT_S
     link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S
     max_moves: int = 2
+    answer_share: float = DEFAULT_ANSWER_SHARE
 
     def __post_init__(self) -> None:
         for name in ("max_wait_s", "link_bytes_per_s"):
@@ -80,6 +91,9 @@ class MigrationConfig:
                 raise ConfigError(f"migration.{name} must be a positive number; got {value}")
         if self.max_moves < 1:
             raise ConfigError(f"migration.max_moves must be >= 1; got {self.max_moves}")
+        share = self.answer_share
+        if not (isinstance(share, int | float) and 0.0 < share < 1.0):
+            raise ConfigError(f"migration.answer_share must be between 0 and 1; got {share!r}")
 
 
 class MigrationPolicy:
@@ -155,6 +169,23 @@ class MigrationPolicy:
         target = self.target(source, candidates, request, now)
         return None if target is None else (reason, target)
 
+    def answer_pool(self, names: Sequence[str]) -> Sequence[str]:
+        """The split's answer-first replicas: the last ``answer_share`` of ``names`` (rounded,
+        at least one and at most all but one); none with fewer than two replicas."""
+        n = len(names)
+        if n < 2:
+            return ()
+        k = min(n - 1, max(1, round(self.config.answer_share * n)))
+        return names[n - k :]
+
+    def placement(self, names: Sequence[str], request: NewRequest) -> Sequence[str]:
+        """The split's candidates for a new ``request``: the thinking replicas if it is expected
+        to think, else the answer-first ones (all of ``names`` with fewer than two)."""
+        pool = self.answer_pool(names)
+        if not pool:
+            return names
+        return names[: len(names) - len(pool)] if request.reasoning else pool
+
     def move_answer(
         self,
         source: str,
@@ -163,10 +194,19 @@ class MigrationPolicy:
         now: float,
         *,
         num_moves: int,
+        split: bool = False,
     ) -> str | None:
-        """Where a request that just closed its ``</think>`` on ``source`` should answer:
-        another replica with room when ``source`` is under pressure, else ``None`` (it stays)."""
-        if num_moves >= self.config.max_moves or not self.under_pressure(source, request, now):
+        """Where a request that just closed its ``</think>`` on ``source`` should answer
+        (``None``: it stays): another replica with room when ``source`` is under pressure; with
+        ``split``, the answer-first replica with the most room unless ``source`` is one."""
+        if num_moves >= self.config.max_moves:
+            return None
+        if split:
+            pool = self.answer_pool(candidates)
+            if not pool or source in pool:
+                return None
+            return self.target(source, pool, request, now)
+        if not self.under_pressure(source, request, now):
             return None
         return self.target(source, candidates, request, now)
 

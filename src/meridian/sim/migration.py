@@ -1,8 +1,8 @@
 """The cluster simulator's migrations: the mechanics of moving a request between fast-engine
 replicas, over the decisions of :class:`~meridian.core.migration.MigrationPolicy`.
 
-The routers ``meridian-replace`` and ``meridian-move`` (:mod:`meridian.sim.routers`) are
-Meridian's router (hold never) with a :class:`Migrator`:
+The routers ``meridian-replace``, ``meridian-move`` and ``meridian-split``
+(:mod:`meridian.sim.routers`) are Meridian's router (hold never) with a :class:`Migrator`:
 
 - ``replace``: a request preempted on a replica (told by the engine as it happens), or found
   waiting there longer than ``max_wait_s`` (looked for at every stats refresh), is taken off it
@@ -16,6 +16,8 @@ Meridian's router (hold never) with a :class:`Migrator`:
   the prefill (the step model's time for its tokens, alone, in chunks of the step's token
   budget) is quicker than the link. The source's blocks are freed when it leaves (an
   optimistic bound: a real copy holds them until it ends); the step in flight loses its token.
+- ``split``: as ``move``, for every ``</think>`` on a thinking replica, to the answer-first
+  replica with the most room (the router places new requests by the same split).
 
 Each move is told to the router (:meth:`~meridian.core.routing.RoutingPolicy.routed` moves it) and
 counted by reason; the engine only ever sees one request in one place.
@@ -39,7 +41,7 @@ __all__ = ["MIGRATIONS", "MigrationCounts", "Migrator"]
 
 NS = 1_000_000_000
 # The migration each router name adds to Meridian's router.
-MIGRATIONS = {"meridian-replace": "replace", "meridian-move": "move"}
+MIGRATIONS = {"meridian-replace": "replace", "meridian-move": "move", "meridian-split": "split"}
 
 
 @dataclass(slots=True)
@@ -69,8 +71,8 @@ class Migrator:
         step_model: StepTimeModel,
         engine_config: EngineConfig,
     ) -> None:
-        if mode not in ("replace", "move"):
-            raise MeridianError(f"unknown migration {mode!r}; known: replace, move")
+        if mode not in ("replace", "move", "split"):
+            raise MeridianError(f"unknown migration {mode!r}; known: replace, move, split")
         self.policy = policy
         self.mode = mode
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -99,7 +101,7 @@ class Migrator:
         self.engines, self.names, self._where, self._moved = engines, names, where, moved
         for k, engine in enumerate(engines):
             engine.on_preempted = lambda req, k=k: self._events.append((k, req, Reason.PREEMPTED))
-            if self.mode == "move":
+            if self.mode != "replace":
                 engine.on_answer = lambda req, k=k: self._events.append((k, req, Reason.ANSWER))
             engine.on_adopt = lambda req, engine=engine: _track(engine, req)
 
@@ -156,7 +158,12 @@ class Migrator:
     def _move_answer(self, k: int, req: SimRequest, now_ns: int) -> None:
         request = remaining_request(req)
         target = self.policy.move_answer(
-            self.names[k], self.names, request, now_ns / NS, num_moves=self._moves[req.request_id]
+            self.names[k],
+            self.names,
+            request,
+            now_ns / NS,
+            num_moves=self._moves[req.request_id],
+            split=self.mode == "split",
         )
         if target is None:
             return

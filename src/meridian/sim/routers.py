@@ -18,6 +18,13 @@ those that read replica stats, the stats as last refreshed (every ``stats_period
 ``meridian-move``  ``meridian`` with answer streams moved at ``</think>`` from a replica under
                   pressure to one with room, over a 25 GB/s link or recomputed, whichever is
                   quicker (:mod:`meridian.sim.migration`). An upper bound: no driver yet.
+``meridian-split``
+                  A split after Pascal: the last eighth of the replicas (at least one) answer
+                  first. Requests that start thinking are ranked over the others, those that answer
+                  from their start over the answer-first ones, and every ``</think>`` on a
+                  thinking replica moves its request to the answer-first replica with the most
+                  room, as ``meridian-move`` moves one (:meth:`~meridian.core.migration.
+                  MigrationPolicy.placement`). An upper bound: no driver yet.
 ``clairvoyant``   A reference no router can be: Meridian's ranking (hold never) over every
                   replica's true state at each decision (its requests' true remaining lengths and
                   progress, on the KV cache's real size) and the request's true length.
@@ -60,6 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meridian.core import routing
+from meridian.core.migration import MigrationPolicy
 from meridian.core.routing import Hold, NewRequest, ReplicaStats, RoutingConfig, RoutingPolicy
 from meridian.errors import MeridianError
 from meridian.sim.streams import SIM_FORMAT, Stream
@@ -144,24 +152,35 @@ class _CountingBaseline(_Baseline):
 
 
 class MeridianClusterRouter:
-    """The core routing policy over replicas named ``r000``, ``r001``, ... (in index order)."""
+    """The core routing policy over replicas named ``r000``, ``r001``, ... (in index order);
+    ``migration``: the moves' decisions over the same router state (a migrating router's), whose
+    split, if ``split``, also chooses where a new request may go."""
 
     needs_projection = True
 
     def __init__(
-        self, num_replicas: int, config: RoutingConfig, stats_period_s: float, name: str
+        self,
+        num_replicas: int,
+        config: RoutingConfig,
+        stats_period_s: float,
+        name: str,
+        *,
+        split: bool = False,
     ) -> None:
         self.name = name
         self.policy = RoutingPolicy(config)
+        self.migration = MigrationPolicy(self.policy)
         self.names = [f"r{i:03d}" for i in range(num_replicas)]
         self._index = {name: i for i, name in enumerate(self.names)}
         self.stats_period_s: float | None = stats_period_s
+        self._split = split
 
     def observe(self, replica: int, stats: ReplicaStats) -> None:
         self.policy.observe(self.names[replica], stats)
 
     def choose(self, request: NewRequest, now_s: float, waited_s: float) -> int | None:
-        ranked = self.policy.rank(self.names, request, now_s, waited_s)
+        names = self.migration.placement(self.names, request) if self._split else self.names
+        ranked = self.policy.rank(names, request, now_s, waited_s)
         return self._index[ranked[0]] if ranked else None
 
     def routed(self, replica: int, request_id: str, request: NewRequest, now_s: float) -> None:
@@ -361,7 +380,7 @@ MERIDIAN_HOLDS = {
     "meridian-hold-admission": Hold.ADMISSION,
 }
 # Meridian's router (hold never) with a migration (meridian.sim.migration), by router name.
-MERIDIAN_MIGRATIONS = ("meridian-replace", "meridian-move")
+MERIDIAN_MIGRATIONS = ("meridian-replace", "meridian-move", "meridian-split")
 ROUTERS = (
     *MERIDIAN_HOLDS,
     *MERIDIAN_MIGRATIONS,
@@ -388,7 +407,8 @@ def make_router(
     if name in MERIDIAN_HOLDS or name in MERIDIAN_MIGRATIONS:
         period = stats_period_s or RAY_STATS_PERIOD_S
         chosen = replace(config or RoutingConfig(), hold=MERIDIAN_HOLDS.get(name, Hold.NEVER))
-        return MeridianClusterRouter(num_replicas, chosen, period, name)
+        split = name == "meridian-split"
+        return MeridianClusterRouter(num_replicas, chosen, period, name, split=split)
     if name == "clairvoyant":
         return ClairvoyantRouter(num_replicas)
     if name == "pow2":
