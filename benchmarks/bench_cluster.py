@@ -166,6 +166,11 @@ def main() -> None:
         help="run nothing: print the tables of these runs' JSONs together (their cells pooled, "
         "the median over every seed they hold)",
     )  # fmt: skip
+    ap.add_argument(
+        "--answer-share", action="store_true",
+        help="run nothing: print the answer phase's share of the KV the workload's requests hold "
+        "over their decode steps, per seed, at the first load (what meridian-split is sized by)",
+    )  # fmt: skip
     args = ap.parse_args()
     if args.render:
         _render(args.render)
@@ -186,6 +191,17 @@ def main() -> None:
         if full
         else REPO / "meridian-out" / "cluster" / f"{name}-{stamp}.json"
     )
+    if args.answer_share:
+        rate = float(args.loads.split(",")[0]) * capacity * args.replicas
+        for seed in (int(x) for x in args.seeds.split(",")):
+            spec = SimRunSpec(workload=args.workload, duration_s=args.duration_s, seed=seed)
+            requests = load_requests(spec, rate)
+            share = clusterrun.answer_kv_share(requests)
+            print(
+                f"{args.workload}, seed {seed}, {rate:g} req/s for {args.duration_s:g} s: "
+                f"{len(requests)} requests, answer share of decode-step KV {share:.3f}"
+            )
+        return
     routers = parse_routers(args.routers)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     clusterrun.make_router = _timed(clusterrun.make_router)  # type: ignore[attr-defined]

@@ -53,3 +53,26 @@ def test_a_small_cluster_sweep_keeps_every_seed_and_measures_after_the_warmup(
         if line.startswith("| 100%") and "| `meridian/meridian` |" in line
     )
     assert row.split(" | ")[2] == median, row
+
+
+def test_the_answer_share_is_the_answer_phases_kv_over_decode_steps() -> None:
+    from meridian.bench.clusterrun import answer_kv_share
+    from meridian.sim.request import RequestKind, RequestSpec
+
+    thinking = RequestSpec("r", 0, 10, 4, 2, RequestKind.REASONING)  # P 10, T 4, A 2
+    chat = RequestSpec("c", 0, 6, 0, 4, RequestKind.CHAT)
+    # Answer: 2 x (10 + 4) + 4 / 2 = 30 and 4 x 6 + 16 / 2 = 32; thinking: 4 x 10 + 16 / 2 = 48.
+    assert answer_kv_share([thinking, chat]) == (30 + 32) / (30 + 32 + 48)
+    assert answer_kv_share([chat]) == 1.0 and answer_kv_share([]) == 0.0
+    args = [
+        sys.executable, str(REPO / "benchmarks" / "bench_cluster.py"), "--answer-share",
+        "--workload", "servegen-r1", "--duration-s", "60", "--seeds", "0,1",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("servegen-r1, seed 1, ")
+    # The split's default (MigrationConfig.answer_share, 0.125) is this share, rounded.
+    shares = [float(line.rsplit(" ", 1)[1]) for line in lines]
+    assert all(0.1 < s < 0.15 for s in shares), shares

@@ -40,7 +40,7 @@ from meridian.sim.request import RequestSpec
 from meridian.sim.routers import make_router, parse_routers
 from meridian.sim.steptime import StepTimeModel
 
-__all__ = ["ClusterReport", "ClusterSpec", "run_cluster", "simulate_cluster"]
+__all__ = ["ClusterReport", "ClusterSpec", "answer_kv_share", "run_cluster", "simulate_cluster"]
 
 ProgressHook = Callable[[str, int], None]
 
@@ -52,6 +52,20 @@ MAX_REPLICAS = 1024
 # from 10 ms (a tenth of vLLM's coordinator's 100 ms) to an hour (Ray's default is 10 s).
 MIN_STATS_PERIOD_S = 0.01
 MAX_STATS_PERIOD_S = 3600.0
+
+
+def answer_kv_share(requests: Sequence[RequestSpec]) -> float:
+    """The answer phase's share of the KV ``requests`` hold over their decode steps (each step a
+    request holds its prompt and every token so far): with prompt P, T think and A answer tokens,
+    ``A (P + T) + A^2 / 2`` against ``T P + T^2 / 2`` for the thinking. What an answer-first
+    split of the replicas (``meridian-split``, ``MigrationConfig.answer_share``) is sized by."""
+    p, t, a = (
+        np.array([getattr(r, f) for r in requests], dtype=np.float64)
+        for f in ("num_prompt_tokens", "num_think_tokens", "num_answer_tokens")
+    )
+    answer = float((a * (p + t) + a * a / 2).sum())
+    total = answer + float((t * p + t * t / 2).sum())
+    return answer / total if total else 0.0
 
 
 @dataclass(frozen=True)
