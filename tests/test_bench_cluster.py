@@ -73,6 +73,6 @@ def test_the_answer_share_is_the_answer_phases_kv_over_decode_steps() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 2 and lines[1].startswith("servegen-r1, seed 1, ")
-    # The split's default (MigrationConfig.answer_share, 0.125) is this share, rounded.
+    # The split's share (core.migration.DEFAULT_ANSWER_SHARE, 0.125) is this share, rounded.
     shares = [float(line.rsplit(" ", 1)[1]) for line in lines]
     assert all(0.1 < s < 0.15 for s in shares), shares

@@ -150,7 +150,8 @@ def test_decisions_move_only_what_the_rules_say_to_where_there_is_room() -> None
 
 def test_the_split_places_by_kind_and_moves_answers_to_the_answer_first_replicas() -> None:
     routing = RoutingPolicy()
-    policy = MigrationPolicy(routing, MigrationConfig(max_moves=1))
+    policy = MigrationPolicy(routing, MigrationConfig(max_moves=1, answer_share=0.125))
+    unsplit = MigrationPolicy(routing, MigrationConfig(max_moves=1))
     # The last eighth of the replicas, rounded, at least one and never all.
     sizes = {n: len(policy.answer_pool([f"r{i}" for i in range(n)])) for n in (1, 2, 4, 8, 16, 24)}
     assert sizes == {1: 0, 2: 1, 4: 1, 8: 1, 16: 2, 24: 3}
@@ -161,23 +162,20 @@ def test_the_split_places_by_kind_and_moves_answers_to_the_answer_first_replicas
     assert policy.placement(names, thinking) == names[:7]
     assert policy.placement(names, chat) == ["h"]
     assert policy.placement(["a"], chat) == ["a"]  # one replica: no split
+    assert unsplit.answer_pool(names) == () and unsplit.placement(names, chat) == names
     for name, used in zip(names, (500, 990, 100, 100, 100, 100, 100, 600), strict=True):
         routing.observe(name, counts(0.0, used))
     answer = NewRequest(Phase.OUTPUT, 160 * BS, 100)
     # Every </think> on a thinking replica moves to the answer-first one, pressure or not.
-    assert policy.move_answer("a", names, answer, 1.0, num_moves=0, split=True) == "h"
-    assert (
-        policy.move_answer("h", names, answer, 1.0, num_moves=0, split=True) is None
-    )  # already there
-    assert (
-        policy.move_answer("a", names, answer, 1.0, num_moves=1, split=True) is None
-    )  # moved enough
+    assert policy.move_answer("a", names, answer, 1.0, num_moves=0) == "h"
+    assert policy.move_answer("h", names, answer, 1.0, num_moves=0) is None  # already there
+    assert policy.move_answer("a", names, answer, 1.0, num_moves=1) is None  # moved enough
     huge = NewRequest(Phase.OUTPUT, 500 * BS, 100)  # h has 400 blocks free: no room
-    assert policy.move_answer("a", names, huge, 1.0, num_moves=0, split=True) is None
+    assert policy.move_answer("a", names, huge, 1.0, num_moves=0) is None
     # Moved under pressure alone, it would stay on a (room, no queue); from b (full) it would go
     # to the replica with the most room, a thinking one.
-    assert policy.move_answer("a", names, answer, 1.0, num_moves=0) is None
-    assert policy.move_answer("b", names, answer, 1.0, num_moves=0) == "c"
+    assert unsplit.move_answer("a", names, answer, 1.0, num_moves=0) is None
+    assert unsplit.move_answer("b", names, answer, 1.0, num_moves=0) == "c"
     with pytest.raises(ConfigError, match=r"^migration\.answer_share must be between 0 and 1"):
         MigrationConfig(answer_share=1.0)
 

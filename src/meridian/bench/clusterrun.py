@@ -58,7 +58,7 @@ def answer_kv_share(requests: Sequence[RequestSpec]) -> float:
     """The answer phase's share of the KV ``requests`` hold over their decode steps (each step a
     request holds its prompt and every token so far): with prompt P, T think and A answer tokens,
     ``A (P + T) + A^2 / 2`` against ``T P + T^2 / 2`` for the thinking. What an answer-first
-    split of the replicas (``meridian-split``, ``MigrationConfig.answer_share``) is sized by."""
+    split of the replicas (``meridian-split``, ``DEFAULT_ANSWER_SHARE``) is sized by."""
     p, t, a = (
         np.array([getattr(r, f) for r in requests], dtype=np.float64)
         for f in ("num_prompt_tokens", "num_think_tokens", "num_answer_tokens")

@@ -12,12 +12,13 @@ mechanisms (issue 45), each an upper bound on what moving can buy before a drive
 - **Answer streams moved at ``</think>``** (:attr:`Reason.ANSWER`): a request that starts
   answering on a replica under pressure moves to one with room, its KV sent over a link
   (:attr:`MigrationConfig.link_bytes_per_s`) or recomputed there, whichever is cheaper.
-- **A split after Pascal** (arXiv:2602.11530): the last :attr:`MigrationConfig.answer_share` of
-  the replicas answer first. A request that starts thinking is placed on the others, one that
-  answers from its start on them (:meth:`MigrationPolicy.placement`), and every request that
-  closes its ``</think>`` on a thinking replica moves to the answer-first one with the most room
-  (:meth:`MigrationPolicy.move_answer` with ``split``), paying the link or recompute as an
-  answer stream moved under pressure does.
+- **A split after Pascal** (arXiv:2602.11530), when :attr:`MigrationConfig.answer_share` is
+  set: that share of the replicas, the last ones, answer first. A request that starts thinking
+  is placed on the others, one that answers from its start on them
+  (:meth:`MigrationPolicy.placement`), and every request that closes its ``</think>`` on a
+  thinking replica moves to the answer-first one with the most room
+  (:meth:`MigrationPolicy.move_answer`), paying the link or recompute as an answer stream moved
+  under pressure does.
 
 Room, as the router sees it (:class:`~meridian.core.routing.RoutingPolicy`'s stats and its own
 in-flight requests): a replica whose stats carry a fresh projection has room for a request when
@@ -77,12 +78,13 @@ class Transfer(Enum):
 @dataclass(frozen=True, slots=True)
 class MigrationConfig:
     """The knobs (module docstring): the wait that re-places a request, the link's bandwidth,
-    how often one request may move (a bound on ping-pong) and the split's answer-first share."""
+    how often one request may move (a bound on ping-pong) and the split's answer-first share
+    (``None``: no split; :data:`DEFAULT_ANSWER_SHARE` is the one measured)."""
 
     max_wait_s: float = DEFAULT_MAX_WAIT_S
     link_bytes_per_s: float = DEFAULT_LINK_BYTES_PER_S
     max_moves: int = 2
-    answer_share: float = DEFAULT_ANSWER_SHARE
+    answer_share: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_wait_s", "link_bytes_per_s"):
@@ -92,7 +94,7 @@ class MigrationConfig:
         if self.max_moves < 1:
             raise ConfigError(f"migration.max_moves must be >= 1; got {self.max_moves}")
         share = self.answer_share
-        if not (isinstance(share, int | float) and 0.0 < share < 1.0):
+        if share is not None and not (isinstance(share, int | float) and 0.0 < share < 1.0):
             raise ConfigError(f"migration.answer_share must be between 0 and 1; got {share!r}")
 
 
@@ -171,16 +173,16 @@ class MigrationPolicy:
 
     def answer_pool(self, names: Sequence[str]) -> Sequence[str]:
         """The split's answer-first replicas: the last ``answer_share`` of ``names`` (rounded,
-        at least one and at most all but one); none with fewer than two replicas."""
-        n = len(names)
-        if n < 2:
+        at least one and at most all but one); none without a split or with fewer than two."""
+        n, share = len(names), self.config.answer_share
+        if share is None or n < 2:
             return ()
-        k = min(n - 1, max(1, round(self.config.answer_share * n)))
+        k = min(n - 1, max(1, round(share * n)))
         return names[n - k :]
 
     def placement(self, names: Sequence[str], request: NewRequest) -> Sequence[str]:
-        """The split's candidates for a new ``request``: the thinking replicas if it is expected
-        to think, else the answer-first ones (all of ``names`` with fewer than two)."""
+        """The candidates for a new ``request``: under the split, the thinking replicas if it is
+        expected to think, else the answer-first ones; otherwise all of ``names``."""
         pool = self.answer_pool(names)
         if not pool:
             return names
@@ -194,18 +196,16 @@ class MigrationPolicy:
         now: float,
         *,
         num_moves: int,
-        split: bool = False,
     ) -> str | None:
         """Where a request that just closed its ``</think>`` on ``source`` should answer
-        (``None``: it stays): another replica with room when ``source`` is under pressure; with
-        ``split``, the answer-first replica with the most room unless ``source`` is one."""
+        (``None``: it stays): under the split, the answer-first replica with the most room
+        unless ``source`` is one; otherwise another replica with room when ``source`` is under
+        pressure."""
         if num_moves >= self.config.max_moves:
             return None
-        if split:
-            pool = self.answer_pool(candidates)
-            if not pool or source in pool:
-                return None
-            return self.target(source, pool, request, now)
+        pool = self.answer_pool(candidates)
+        if pool:
+            return None if source in pool else self.target(source, pool, request, now)
         if not self.under_pressure(source, request, now):
             return None
         return self.target(source, candidates, request, now)

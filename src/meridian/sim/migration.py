@@ -16,8 +16,9 @@ The routers ``meridian-replace``, ``meridian-move`` and ``meridian-split``
   the prefill (the step model's time for its tokens, alone, in chunks of the step's token
   budget) is quicker than the link. The source's blocks are freed when it leaves (an
   optimistic bound: a real copy holds them until it ends); the step in flight loses its token.
-- ``split``: as ``move``, for every ``</think>`` on a thinking replica, to the answer-first
-  replica with the most room (the router places new requests by the same split).
+  ``meridian-split`` is ``move`` under a policy with a split: every ``</think>`` on a thinking
+  replica moves to the answer-first replica with the most room (the router places new requests
+  by the same split).
 
 Each move is told to the router (:meth:`~meridian.core.routing.RoutingPolicy.routed` moves it) and
 counted by reason; the engine only ever sees one request in one place.
@@ -41,7 +42,7 @@ __all__ = ["MIGRATIONS", "MigrationCounts", "Migrator"]
 
 NS = 1_000_000_000
 # The migration each router name adds to Meridian's router.
-MIGRATIONS = {"meridian-replace": "replace", "meridian-move": "move", "meridian-split": "split"}
+MIGRATIONS = {"meridian-replace": "replace", "meridian-move": "move", "meridian-split": "move"}
 
 
 @dataclass(slots=True)
@@ -71,8 +72,8 @@ class Migrator:
         step_model: StepTimeModel,
         engine_config: EngineConfig,
     ) -> None:
-        if mode not in ("replace", "move", "split"):
-            raise MeridianError(f"unknown migration {mode!r}; known: replace, move, split")
+        if mode not in ("replace", "move"):
+            raise MeridianError(f"unknown migration {mode!r}; known: replace, move")
         self.policy = policy
         self.mode = mode
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -101,7 +102,7 @@ class Migrator:
         self.engines, self.names, self._where, self._moved = engines, names, where, moved
         for k, engine in enumerate(engines):
             engine.on_preempted = lambda req, k=k: self._events.append((k, req, Reason.PREEMPTED))
-            if self.mode != "replace":
+            if self.mode == "move":
                 engine.on_answer = lambda req, k=k: self._events.append((k, req, Reason.ANSWER))
             engine.on_adopt = lambda req, engine=engine: _track(engine, req)
 
@@ -158,12 +159,7 @@ class Migrator:
     def _move_answer(self, k: int, req: SimRequest, now_ns: int) -> None:
         request = remaining_request(req)
         target = self.policy.move_answer(
-            self.names[k],
-            self.names,
-            request,
-            now_ns / NS,
-            num_moves=self._moves[req.request_id],
-            split=self.mode == "split",
+            self.names[k], self.names, request, now_ns / NS, num_moves=self._moves[req.request_id]
         )
         if target is None:
             return

@@ -67,7 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from meridian.core import routing
-from meridian.core.migration import MigrationPolicy
+from meridian.core.migration import DEFAULT_ANSWER_SHARE, MigrationConfig, MigrationPolicy
 from meridian.core.routing import Hold, NewRequest, ReplicaStats, RoutingConfig, RoutingPolicy
 from meridian.errors import MeridianError
 from meridian.sim.streams import SIM_FORMAT, Stream
@@ -153,8 +153,8 @@ class _CountingBaseline(_Baseline):
 
 class MeridianClusterRouter:
     """The core routing policy over replicas named ``r000``, ``r001``, ... (in index order);
-    ``migration``: the moves' decisions over the same router state (a migrating router's), whose
-    split, if ``split``, also chooses where a new request may go."""
+    ``migration``: the moves' decisions over the same router state (``moves``: their knobs),
+    whose split, if it has one, also chooses where a new request may go."""
 
     needs_projection = True
 
@@ -164,22 +164,20 @@ class MeridianClusterRouter:
         config: RoutingConfig,
         stats_period_s: float,
         name: str,
-        *,
-        split: bool = False,
+        moves: MigrationConfig | None = None,
     ) -> None:
         self.name = name
         self.policy = RoutingPolicy(config)
-        self.migration = MigrationPolicy(self.policy)
+        self.migration = MigrationPolicy(self.policy, moves)
         self.names = [f"r{i:03d}" for i in range(num_replicas)]
         self._index = {name: i for i, name in enumerate(self.names)}
         self.stats_period_s: float | None = stats_period_s
-        self._split = split
 
     def observe(self, replica: int, stats: ReplicaStats) -> None:
         self.policy.observe(self.names[replica], stats)
 
     def choose(self, request: NewRequest, now_s: float, waited_s: float) -> int | None:
-        names = self.migration.placement(self.names, request) if self._split else self.names
+        names = self.migration.placement(self.names, request)
         ranked = self.policy.rank(names, request, now_s, waited_s)
         return self._index[ranked[0]] if ranked else None
 
@@ -407,8 +405,9 @@ def make_router(
     if name in MERIDIAN_HOLDS or name in MERIDIAN_MIGRATIONS:
         period = stats_period_s or RAY_STATS_PERIOD_S
         chosen = replace(config or RoutingConfig(), hold=MERIDIAN_HOLDS.get(name, Hold.NEVER))
-        split = name == "meridian-split"
-        return MeridianClusterRouter(num_replicas, chosen, period, name, split=split)
+        split = MigrationConfig(answer_share=DEFAULT_ANSWER_SHARE)
+        moves = split if name == "meridian-split" else None
+        return MeridianClusterRouter(num_replicas, chosen, period, name, moves)
     if name == "clairvoyant":
         return ClairvoyantRouter(num_replicas)
     if name == "pow2":
