@@ -179,6 +179,17 @@ def main() -> None:
     if args.capacity is None and key not in CAPACITY:
         ap.error(f"no measured capacity for {', '.join(key)}: pass --capacity REQ_S")
     capacity = args.capacity or CAPACITY[key]
+    if args.answer_share:
+        rate = float(args.loads.split(",")[0]) * capacity * args.replicas
+        for seed in (int(x) for x in args.seeds.split(",")):
+            spec = SimRunSpec(workload=args.workload, duration_s=args.duration_s, seed=seed)
+            requests = load_requests(spec, rate)
+            share = clusterrun.answer_kv_share(requests)
+            print(
+                f"{args.workload}, seed {seed}, {rate:g} req/s for {args.duration_s:g} s: "
+                f"{len(requests)} requests, answer share of decode-step KV {share:.3f}"
+            )
+        return
     name = f"cluster-{args.replicas}x{args.hardware}-{args.model}-{args.workload}"
     full = (
         args.routers == "all" and args.policies == f"{MERIDIAN},{STOCK}" and args.loads == LOADS
@@ -191,17 +202,6 @@ def main() -> None:
         if full
         else REPO / "meridian-out" / "cluster" / f"{name}-{stamp}.json"
     )
-    if args.answer_share:
-        rate = float(args.loads.split(",")[0]) * capacity * args.replicas
-        for seed in (int(x) for x in args.seeds.split(",")):
-            spec = SimRunSpec(workload=args.workload, duration_s=args.duration_s, seed=seed)
-            requests = load_requests(spec, rate)
-            share = clusterrun.answer_kv_share(requests)
-            print(
-                f"{args.workload}, seed {seed}, {rate:g} req/s for {args.duration_s:g} s: "
-                f"{len(requests)} requests, answer share of decode-step KV {share:.3f}"
-            )
-        return
     routers = parse_routers(args.routers)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     clusterrun.make_router = _timed(clusterrun.make_router)  # type: ignore[attr-defined]
