@@ -404,3 +404,36 @@ def test_the_adapters_kv_gauges_follow_the_running_requests_across_publishes() -
     assert kv() == (0, 0, 0, 0)
     publisher.step_done(running(20, 33), idle=True)
     assert kv() == (2, 3, 200, 300)
+
+
+def test_a_guard_over_a_batch_fails_each_item_alone_and_times_the_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from meridian.vllm.failopen import FailOpen, Guard
+    from meridian.vllm.publishing import AdapterStats
+
+    metrics = MeridianMetrics()
+    fail_open = FailOpen(metrics, logging.getLogger(__name__), "scheduler")
+    stats = AdapterStats()
+    done: list[tuple[str, int]] = []
+
+    def track(rid: str, n: int) -> None:
+        if n < 0:
+            raise ValueError(f"bad {rid}")
+        done.append((rid, n))
+
+    guard = Guard(fail_open, "add_request", None, stats, "update_overhead_s")
+    with caplog.at_level(logging.ERROR):
+        guard.each(track, [("a", 1), ("b", -1), ("c", 3), ("d", -2)])
+    assert done == [("a", 1), ("c", 3)]  # the rest went on past each failure
+    assert fail_open.num_errors == 2
+    assert "request=b" in caplog.text  # the first of its kind logged, with its request
+    assert (
+        metrics.registry.get_sample_value("meridian_policy_errors_total", {"where": "add_request"})
+        == 2
+    )
+    assert stats.update_overhead_s > 0
+    with pytest.raises(ValueError, match="bad x"):  # no FailOpen: it only times
+        Guard.time(stats, "update_overhead_s").each(track, [("x", -1)])

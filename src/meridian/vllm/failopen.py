@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from meridian.telemetry.metrics import MeridianMetrics
@@ -148,6 +148,25 @@ class Guard:
                 elapsed = time.perf_counter() - start
                 if net_of is not None:
                     elapsed -= getattr(timed, net_of) - before
+                setattr(timed, self.field, getattr(timed, self.field) + elapsed)
+
+    def each(self, fn: Callable[[str, Any], object], items: Iterable[tuple[str, Any]]) -> None:
+        """``fn(request_id, item)`` for each ``(request_id, item)`` of ``items``, timed once; one
+        that raises fails open alone (counted for its request id) and the rest go on. (A guard a
+        request costs a microsecond each on a step that starts a batch.)"""
+        timed = self.timed
+        start = time.perf_counter()
+        try:
+            for request_id, item in items:
+                try:
+                    fn(request_id, item)
+                except Exception as exc:
+                    if self.fail_open is None:
+                        raise
+                    self.fail_open.error(self.hook, exc, request_id)
+        finally:
+            if timed is not None:
+                elapsed = time.perf_counter() - start
                 setattr(timed, self.field, getattr(timed, self.field) + elapsed)
 
     def __enter__(self) -> None:

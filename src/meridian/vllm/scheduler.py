@@ -111,20 +111,19 @@ class MeridianScheduler(Scheduler):
 
     def _track_new(self) -> None:
         """The policy tracks the requests added since the last step, in one (hot) batch."""
-        new = self._new_requests
-        if not new:
-            return
-        self._new_requests = {}
-        track, budget_of = self.meridian_policy.track, self.meridian.request_budget
-        with self._guarded("add_request"):
-            for rid, (request, added_at) in new.items():
-                with self._guarded("add_request", rid, None):  # this request fails alone
-                    try:
-                        budget = budget_of(request.sampling_params)
-                    except ValueError:
-                        # The logits processor rejects it; here it only feeds a counter.
-                        budget = None
-                    track(rid, request.prompt_token_ids, request.output_token_ids, budget, added_at)
+        new, self._new_requests = self._new_requests, {}
+        if new:  # each request fails alone
+            self._guarded("add_request").each(self._track_one, new.items())
+
+    def _track_one(self, rid: str, added: tuple[Any, float | None]) -> None:
+        request, added_at = added
+        try:
+            budget = self.meridian.request_budget(request.sampling_params)
+        except ValueError:
+            budget = None  # the logits processor rejects it; here it only feeds a counter
+        self.meridian_policy.track(
+            rid, request.prompt_token_ids, request.output_token_ids, budget, added_at
+        )
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._new_requests:  # (checked here too: a call less on most steps)
