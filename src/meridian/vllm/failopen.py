@@ -11,7 +11,7 @@ Every guarded block goes through one object, :class:`Guard`: ``with fail_open(ho
 fails open and, given the counters (``timed``) and a field, adds the block's time to it; with
 no :class:`FailOpen` (:meth:`Guard.time`) it only times (vLLM's own part of a hook). On the
 per-step path a guard built once runs a call (:meth:`Guard.run`): a ``with`` costs twice the
-Python calls.
+Python calls; a batch of requests, each failing alone, runs under one (:meth:`Guard.each`).
 """
 
 from __future__ import annotations
@@ -152,8 +152,8 @@ class Guard:
 
     def each(self, fn: Callable[[str, Any], object], items: Iterable[tuple[str, Any]]) -> None:
         """``fn(request_id, item)`` for each ``(request_id, item)`` of ``items``, timed once; one
-        that raises fails open alone (counted for its request id) and the rest go on. (A guard a
-        request costs a microsecond each on a step that starts a batch.)"""
+        that raises fails open alone (counted for its request id) and the rest go on. (One guard a
+        request cost about a microsecond each where a batch starts.)"""
         timed = self.timed
         start = time.perf_counter()
         try:
