@@ -405,8 +405,8 @@ def make_router(
     if name in MERIDIAN_HOLDS or name in MERIDIAN_MIGRATIONS:
         period = stats_period_s or RAY_STATS_PERIOD_S
         chosen = replace(config or RoutingConfig(), hold=MERIDIAN_HOLDS.get(name, Hold.NEVER))
-        split = MigrationConfig(answer_share=DEFAULT_ANSWER_SHARE)
-        moves = split if name == "meridian-split" else None
+        split = name == "meridian-split"
+        moves = MigrationConfig(answer_share=DEFAULT_ANSWER_SHARE) if split else None
         return MeridianClusterRouter(num_replicas, chosen, period, name, moves)
     if name == "clairvoyant":
         return ClairvoyantRouter(num_replicas)

@@ -151,23 +151,21 @@ class Guard:
                 setattr(timed, self.field, getattr(timed, self.field) + elapsed)
 
     def each(self, fn: Callable[[str, Any], object], items: Iterable[tuple[str, Any]]) -> None:
-        """``fn(request_id, item)`` for each ``(request_id, item)`` of ``items``, timed once; one
-        that raises fails open alone (counted for its request id) and the rest go on. (One guard a
-        request cost about a microsecond each where a batch starts.)"""
-        timed = self.timed
-        start = time.perf_counter()
-        try:
+        """``fn(request_id, item)`` for each ``(request_id, item)`` of ``items``, timed once (as
+        :meth:`run` times); one that raises fails open alone (counted for its request id) and the
+        rest go on. (One guard a request cost about a microsecond each where a batch starts.)"""
+        fail_open, hook = self.fail_open, self.hook
+
+        def every() -> None:
             for request_id, item in items:
                 try:
                     fn(request_id, item)
                 except Exception as exc:
-                    if self.fail_open is None:
+                    if fail_open is None:
                         raise
-                    self.fail_open.error(self.hook, exc, request_id)
-        finally:
-            if timed is not None:
-                elapsed = time.perf_counter() - start
-                setattr(timed, self.field, getattr(timed, self.field) + elapsed)
+                    fail_open.error(hook, exc, request_id)
+
+        self.run(every)
 
     def __enter__(self) -> None:
         timed = self.timed
