@@ -137,8 +137,8 @@ def test_a_request_is_held_only_when_no_replica_has_headroom(
 
     held = policy.rank(names, request, now=0.0) == []
     assert held == (not any(has_room(v) for v in views))
-    for name, view in zip(names, views, strict=True):
-        assert policy.headroom(name, request, now=0.0) in (None, has_room(view))
+    for name, view in zip(names, views, strict=True):  # alone, a replica is held iff it is full
+        assert (policy.rank([name], request, now=0.0) != []) == has_room(view)
     # A request held past max_hold_s is placed all the same.
     assert policy.rank(names, request, now=0.0, waited_s=policy.config.max_hold_s) != []
 
@@ -233,8 +233,8 @@ def test_the_shortest_queue_wins_and_full_ones_come_last() -> None:
     # "busy" has more of this router's requests in flight, though less KV: the queue decides.
     policy.routed("busy", "b", request, now=0.0)
     assert policy.rank(["full", "busy", "quiet"], request, now=0.0) == ["quiet", "busy", "full"]
-    assert policy.headroom("full", request, now=0.0) is False
-    assert policy.headroom("quiet", request, now=0.0) is True
+    assert policy.rank(["full"], request, now=0.0) == []  # alone, it holds the request
+    assert policy.rank(["quiet"], request, now=0.0) == ["quiet"]
 
 
 def test_a_replica_tight_for_reasoning_still_takes_chat() -> None:
@@ -330,7 +330,6 @@ def test_stale_missing_or_unprojected_stats_never_hold() -> None:
     assert policy.rank(["a"], request, now=6.0) == ["a"]  # too old to hold anything
     policy.observe("a", stats(None))
     assert policy.rank(["a"], request, now=1.0) == ["a"]
-    assert policy.headroom("a", request, now=1.0) is None
     # Replicas without projections and those without stats alike by this router's requests on
     # them, whatever KV or queue their stats report, with those that fit ("g").
     policy.observe("b", stats(None, used=50))
@@ -425,7 +424,8 @@ def test_reported_stats_hold_a_request_exactly_where_the_replica_admission_would
             policy.track(new.request_id, new.prompt)
             admitted = policy.admissions(running, [new], num_blocks) == 1
             policy.untrack(new.request_id)
-            fits = router.headroom("replica", NewRequest(phase, len(prompt)), now=5.0)
+            # The router holds it (the replica alone is full) iff the replica would not admit it.
+            fits = router.rank(["replica"], NewRequest(phase, len(prompt)), now=5.0) != []
             assert fits == admitted, (num_blocks, phase)
             seen.add((phase, admitted))
     assert len(seen) == 4  # both kinds, admitted and held, across these caches

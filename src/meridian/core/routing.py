@@ -677,7 +677,7 @@ class RoutingPolicy:
         find, assess = self._replicas.get, self._assess  # (bound once: 16 replicas a decision)
         for name in names:
             replica = find(name) or _Replica()
-            tier, cost, _ = assess(replica, request, kind, now)
+            tier, cost = assess(replica, request, kind, now)
             keyed.append(((tier, cost, replica.num_routed), name))
         keyed.sort()
         if keyed and may_hold and self._holds(keyed, request, now):
@@ -713,25 +713,20 @@ class RoutingPolicy:
         free -= sum(_prompt_blocks(placed, stats.block_size) for placed in unseen)
         return free >= _prompt_blocks(request, stats.block_size)
 
-    def headroom(self, replica: str, request: NewRequest, now: float) -> bool | None:
-        """Whether ``replica`` fits ``request`` now; ``None`` where its stats cannot say."""
-        found = self._replicas.get(replica) or _Replica()
-        return self._assess(found, request, 0 if request.reasoning else 1, now)[2]
-
     def _assess(
         self, replica: _Replica, request: NewRequest, kind: int, now: float
-    ) -> tuple[int, float, bool | None]:
-        """(tier, cost, headroom) of ``replica`` for ``request`` (of that kind: 0 reasoning, 1
-        chat): lower tiers and costs are better; the cost is how far the request would overflow
-        the replica's budget (a fraction of it) where it does not fit, else this router's
-        requests in flight on it (module docstring)."""
+    ) -> tuple[int, float]:
+        """(tier, cost) of ``replica`` for ``request`` (of that kind: 0 reasoning, 1 chat): lower
+        tiers and costs are better; ``_FULL`` where the request would overflow the replica's
+        budget, the cost then how far (a fraction of it), else this router's requests in flight
+        on it (module docstring)."""
         stats = replica.stats
         if (
             stats is None
             or stats.projection is None
             or now - stats.time_s > self.config.stats_max_age_s
         ):
-            return _OPEN, float(len(replica.in_flight)), None
+            return _OPEN, float(len(replica.in_flight))
         projection = stats.projection
         unseen = replica.unseen_cache  # (unseen_blocks' cache read here: it is the usual case)
         if (
@@ -743,7 +738,7 @@ class RoutingPolicy:
             unseen = replica.unseen_blocks(stats, projection)
         shape = replica.shape_of(stats, projection)
         if shape.idle and not unseen.requests:
-            return _OPEN, float(len(replica.in_flight)), True
+            return _OPEN, float(len(replica.in_flight))
         # NOTE: a bound first, the projection only where it cannot decide. Aging only reads
         # later points of the load, so no aged load exceeds its largest point, and no request
         # holds more than its prompt and bound times its kind's largest survival: when those
@@ -754,7 +749,7 @@ class RoutingPolicy:
         need_max = kv_blocks(request.num_prompt_tokens + bound, stats.block_size)
         need_max *= shape.survival_max[kind]
         if unseen.peak_bound + need_max <= shape.room:
-            return _OPEN, float(len(replica.in_flight)), True
+            return _OPEN, float(len(replica.in_flight))
         steps = _steps(stats, now)
         if (request.max_tokens is not None and request.max_tokens < shape.last) or not (
             steps < shape.cell
@@ -772,8 +767,8 @@ class RoutingPolicy:
             peak = float(values[values.argmax()])  # (argmax and an index: cheaper than .max())
         budget = shape.budget
         if peak > budget:
-            return _FULL, (peak - budget) / budget, False
-        return _OPEN, float(len(replica.in_flight)), True
+            return _FULL, (peak - budget) / budget
+        return _OPEN, float(len(replica.in_flight))
 
     # -- what a migration asks (meridian.core.migration) ---------------------------------------
 
