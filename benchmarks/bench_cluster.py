@@ -245,7 +245,6 @@ def main() -> None:
     _print_raw(rows)
     _print_ratios(rows)
     _print_gate(rows, per_seed)
-    print("\nrouter cost per decision (µs; choose + routed, in the runs above):")
     costs_us: dict[str, dict[str, float]] = {}
     for router, costs in COST_NS.items():
         c = np.asarray(costs) / 1e3
@@ -254,10 +253,7 @@ def main() -> None:
             "p99": float(np.percentile(c, 99)),
             "calls": len(c),
         }
-        print(
-            f"  {router:12s} median {np.median(c):7.1f}  P99 {np.percentile(c, 99):7.1f}  "
-            f"({len(c)} calls)"
-        )
+    _print_costs("in the runs above", costs_us)
     title = (
         f"{args.replicas} x {args.hardware} / {args.model}, {args.workload}, engine "
         f"{args.engine}, {args.duration_s:g} s of arrivals"
@@ -272,16 +268,32 @@ def _render(paths: list[Path]) -> None:
     """The tables of runs already made, their cells pooled (e.g. seed 0 from one run, seeds 1-2
     from another, same arguments otherwise)."""
     per_seed: dict[tuple[float, str], list[dict[str, float]]] = defaultdict(list)
+    costs: dict[Path, dict[str, dict[str, float]]] = {}
     for path in paths:
-        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        for cell in doc["cells"]:
             figures = {k: v for k, v in cell.items() if k not in ("load", "run")}
             per_seed[(cell["load"], cell["run"])].append(figures)
+        costs[path] = doc.get("router_cost_us", {})
     seeds = sorted({int(c["seed"]) for cells in per_seed.values() for c in cells})
     print(f"{', '.join(map(str, paths))}: seeds {seeds}, the median over them")
     rows = {key: _median(cells) for key, cells in sorted(per_seed.items())}
     _print_raw(rows)
     _print_ratios(rows)
     _print_gate(rows, per_seed)
+    for path, cost in costs.items():
+        if cost:
+            _print_costs(f"in {path.name}", cost)
+
+
+def _print_costs(where: str, costs_us: dict[str, dict[str, float]]) -> None:
+    """Each router's cost per decision as a run measured it (its JSON keeps the figures)."""
+    print(f"\nrouter cost per decision (µs; choose + routed, {where}):")
+    for router, c in costs_us.items():
+        print(
+            f"  {router:12s} median {c['median']:7.1f}  P99 {c['p99']:7.1f}  "
+            f"({c['calls']:.0f} calls)"
+        )
 
 
 def _median(cells: list[dict[str, float]]) -> dict[str, float]:
@@ -319,6 +331,11 @@ def _write(
     out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
 
+def _quiet(*runs: dict[str, float]) -> str:
+    """The mark of a comparison no run in it contended in (nothing preempted, held or queued)."""
+    return "" if any(r["contended"] for r in runs) else " (no contention)"
+
+
 def _print_raw(rows: dict[tuple[float, str], dict[str, float]]) -> None:
     head = "| load | router/scheduler | " + " | ".join(m[0] for m in METRICS)
     print(
@@ -327,9 +344,10 @@ def _print_raw(rows: dict[tuple[float, str], dict[str, float]]) -> None:
     print("|" + "---|" * (len(METRICS) + 7))
     for (load, name), r in rows.items():
         cells = [f"{r[key]:.4g}" for _, key, _ in METRICS]
-        quiet = "" if r["contended"] else " (no contention)"
         print(
-            f"| {load:.0%}{quiet} | `{name}` | " + " | ".join(cells) + f" | {r['recomputed']:.0f}"
+            f"| {load:.0%}{_quiet(r)} | `{name}` | "
+            + " | ".join(cells)
+            + f" | {r['recomputed']:.0f}"
             f" | {r['pre_think']:.0f}/{r['pre_out']:.0f} | {r['held']:.0f} | "
             f"{r.get('moved', 0.0):.0f} | {r['kv_peak_replica']:.0%} |"
         )
@@ -353,8 +371,7 @@ def _print_ratios(rows: dict[tuple[float, str], dict[str, float]]) -> None:
             worse = ratio > 1 + NOISE if lower else ratio < 1 - NOISE
             losses += worse
             cells.append(f"{ratio:.2f}" + (" ✗" if worse else ""))
-        quiet = "" if ours["contended"] or theirs["contended"] else " (no contention)"
-        print(f"| {load:.0%}{quiet} | `{name}` | " + " | ".join(cells) + " |")
+        print(f"| {load:.0%}{_quiet(ours, theirs)} | `{name}` | " + " | ".join(cells) + " |")
     print(f"{losses} cells where Meridian's router + scheduler is worse by more than 3 %")
 
 
@@ -368,7 +385,8 @@ def _print_gate(
     ratio over the seeds (each seed against the same seed's baseline)."""
     print(
         f"\nissue 45's gate, each run against `pow2/{STOCK}`: TTFVT P95 <= 0.85x or SLO % hidden "
-        ">= +10 points, with TTFT P95 <= 1.1x and tok/s >= 0.99x"
+        ">= +10 points, with TTFT P95 <= 1.1x and tok/s >= 0.99x; (no contention): neither run "
+        "preempted, held or queued anything: not a claim"
     )
     print("| load | run | TTFVT P95 | over seeds | SLO hidden (points) | TTFT P95 | tok/s | gate |")
     print("|---|---|---|---|---|---|---|---|")
@@ -387,7 +405,8 @@ def _print_gate(
         ]
         spread = f"{min(each):.2f}–{max(each):.2f}" if each else "–"
         print(
-            f"| {load:.0%} | `{name}` | {ttfvt:.2f} | {spread} | {points:+.1f} | {ttft:.2f} | "
+            f"| {load:.0%}{_quiet(r, base)} | `{name}` | {ttfvt:.2f} | {spread} | {points:+.1f} | "
+            f"{ttft:.2f} | "
             f"{tok:.3f} | {'reached' if gate else 'no'} |"
         )
 

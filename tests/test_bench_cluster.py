@@ -39,7 +39,10 @@ def test_a_small_cluster_sweep_keeps_every_seed_and_measures_after_the_warmup(
     parts = []
     for seed in (0, 1):
         part = tmp_path / f"seed{seed}.json"
-        part.write_text(json.dumps({"cells": [c for c in cells if c["seed"] == seed]}))
+        kept = {"cells": [c for c in cells if c["seed"] == seed]}
+        if seed == 0:  # the run's own cost per decision, kept in its JSON
+            kept["router_cost_us"] = doc["router_cost_us"]
+        part.write_text(json.dumps(kept))
         parts.append(str(part))
     render = [sys.executable, str(REPO / "benchmarks" / "bench_cluster.py"), "--render", *parts]
     shown = subprocess.run(render, capture_output=True, text=True, env=env, timeout=120)
@@ -53,6 +56,23 @@ def test_a_small_cluster_sweep_keeps_every_seed_and_measures_after_the_warmup(
         if line.startswith("| 100%") and "| `meridian/meridian` |" in line
     )
     assert row.split(" | ")[2] == median, row
+    # The render prints the cost per decision the runs measured, from the JSON that kept it.
+    cost = doc["router_cost_us"]["meridian"]
+    assert "router cost per decision (µs; choose + routed, in seed0.json):" in shown.stdout
+    assert f"meridian     median {cost['median']:7.1f}  P99 {cost['p99']:7.1f}" in shown.stdout
+    # Every table marks a comparison in which no run contended, the gate's as well.
+    contended = {(c["load"], c["run"]) for c in cells if c["contended"]}
+    gate = [
+        line
+        for line in shown.stdout.split("issue 45's gate")[1].splitlines()
+        if line.startswith(("| 50%", "| 100%"))
+    ]
+    assert len(gate) == len(runs) - 2  # every run but the baseline, at each load
+    for line in gate:
+        load = 0.5 if line.startswith("| 50%") else 1.0
+        name = line.split(" | ")[1].strip("`")
+        quiet = not {(load, name), (load, "pow2/vllm-fcfs+forcing")} & contended
+        assert ("(no contention)" in line) == quiet, line
 
 
 def test_the_answer_share_is_the_answer_phases_kv_over_decode_steps() -> None:
